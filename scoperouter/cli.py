@@ -1,0 +1,295 @@
+"""The ``scoperouter`` console script. Thin: parses arguments and delegates.
+
+Subcommands: ``serve`` (run a cloud's router), ``route`` (print the routing decision for one
+request, sending nothing), ``check-config`` (validate a federation config) and ``lab`` (a lab of
+real OpenStack clouds on this machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from urllib.parse import urlsplit
+
+from scoperouter import __version__
+from scoperouter.catalog import DEFAULT_PORTS, Catalog, load_catalog
+from scoperouter.errors import ConfigError, Reject
+from scoperouter.routing import AUTH_TOKEN, SUBJECT_TOKEN, Forward, RequestFacts, decide
+from scoperouter.scope import SCOPE_SEPARATOR
+
+DESCRIPTION = """\
+Route OpenStack API requests between federated clouds by a per-request scope.
+
+A scope says which cloud serves each service type, e.g. '{"image": "CloudTwo"}'. Clients send
+it on the token (X-Auth-Token: <token>!SCOPE!<json>) or in X-Scope; each cloud's router forwards
+the request to its own backend or to the router of the cloud the scope names.
+"""
+
+EPILOG = """\
+examples:
+  scoperouter check-config config/federation.yaml
+  scoperouter route --config config/federation.yaml --cloud CloudOne \\
+      --scope '{"image": "CloudTwo"}' GET http://127.0.0.2:9292/v2/images
+  scoperouter serve --config config/federation.yaml --cloud CloudOne
+  scoperouter lab up        # real OpenStack clouds on this machine, each behind a router
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="scoperouter",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"scoperouter {__version__}")
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    serve = sub.add_parser(
+        "serve",
+        help="run the router of one cloud",
+        description="Run the router of one cloud: a reverse proxy on each of the cloud's "
+        "frontends and, if the config gives proxy.listen, a forward proxy for the cloud's "
+        "services (HTTP_PROXY). SIGHUP reloads the config; an invalid new config is refused "
+        "and the old one keeps routing.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("--config", required=True, metavar="FILE", help="federation config (YAML)")
+    serve.add_argument(
+        "--cloud",
+        metavar="NAME",
+        default=os.environ.get("SCOPEROUTER_CLOUD"),
+        help="the cloud this router serves (default: $SCOPEROUTER_CLOUD, or the only cloud)",
+    )
+    serve.add_argument(
+        "--watch", action="store_true", help="also reload when the config file changes"
+    )
+    serve.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="INFO logs one line per request (default)",
+    )
+    serve.set_defaults(func=cmd_serve)
+
+    route = sub.add_parser(
+        "route",
+        help="print the routing decision for one request (sends nothing)",
+        description="Print where the router of CLOUD would send one request: the target URL "
+        "and the header changes, or the error the client would get. Nothing is sent. Token "
+        "values are never printed.",
+        epilog="exit status: 0 forwarded, 1 refused (the error is printed), 2 bad usage/config",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    route.add_argument("--config", required=True, metavar="FILE", help="federation config (YAML)")
+    route.add_argument("--cloud", required=True, metavar="NAME", help="whose router decides")
+    route.add_argument("--scope", metavar="JSON", help='scope, e.g. \'{"image": "CloudTwo"}\'')
+    route.add_argument(
+        "-H",
+        "--header",
+        action="append",
+        default=[],
+        metavar="'NAME: VALUE'",
+        help="a request header (repeatable)",
+    )
+    route.add_argument(
+        "--mode",
+        choices=["auto", "reverse", "forward"],
+        default="auto",
+        help="reverse: URL is one of the cloud's frontends; forward: HTTP_PROXY use; "
+        "auto (default): reverse when the URL is on a frontend of CLOUD",
+    )
+    route.add_argument("--json", action="store_true", help="print the decision as JSON")
+    route.add_argument("method", metavar="METHOD", help="GET, POST, ...")
+    route.add_argument("url", metavar="URL", help="the URL the client calls")
+    route.set_defaults(func=cmd_route)
+
+    check = sub.add_parser(
+        "check-config",
+        help="validate a federation config",
+        description="Validate a federation config. Prints a summary, or the first problem as "
+        "FILE: key.path: what is wrong, and exits 1.",
+    )
+    check.add_argument("config", metavar="FILE")
+    check.add_argument("--cloud", metavar="NAME", help="also check that this cloud is defined")
+    check.set_defaults(func=cmd_check_config)
+
+    try:
+        from scoperouter.lab import cli as lab_cli
+    except ImportError:  # the lab is optional at import time (e.g. a trimmed install)
+        lab_cli = None
+    if lab_cli is not None and hasattr(lab_cli, "register"):
+        lab_cli.register(sub)
+    return parser
+
+
+def _load(path: str, cloud: str | None = None) -> Catalog | None:
+    try:
+        catalog = load_catalog(path)
+    except ConfigError as exc:
+        print(f"scoperouter: invalid config: {exc}", file=sys.stderr)
+        return None
+    if cloud is not None and cloud not in catalog.clouds:
+        print(
+            f"scoperouter: cloud {cloud!r} is not in {path} "
+            f"(clouds: {', '.join(sorted(catalog.clouds))})",
+            file=sys.stderr,
+        )
+        return None
+    return catalog
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    catalog = _load(args.config, args.cloud)
+    if catalog is None:
+        return 1
+    print(f"{args.config}: OK ({catalog.describe()})")
+    for cloud in catalog.clouds.values():
+        services = sorted({ep.service_type for ep in cloud.endpoints})
+        frontends = ", ".join(str(f.url) for f in cloud.frontends)
+        proxy = (
+            f"; forward proxy {cloud.proxy_listen[0]}:{cloud.proxy_listen[1]}"
+            if (cloud.proxy_listen)
+            else ""
+        )
+        print(
+            f"  {cloud.name} (region {cloud.region}): {', '.join(services)}; "
+            f"frontends {frontends}{proxy}"
+        )
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    catalog = _load(args.config, args.cloud)
+    if catalog is None:
+        return 2
+    cloud = args.cloud
+    if cloud is None:
+        if len(catalog.clouds) != 1:
+            print(
+                "scoperouter: --cloud is required when the config has several clouds "
+                f"({', '.join(sorted(catalog.clouds))})",
+                file=sys.stderr,
+            )
+            return 2
+        cloud = next(iter(catalog.clouds))
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    from scoperouter.proxy import serve
+
+    return serve(args.config, cloud, watch=args.watch)
+
+
+def cmd_route(args: argparse.Namespace) -> int:
+    catalog = _load(args.config, args.cloud)
+    if catalog is None:
+        return 2
+    parts = urlsplit(args.url)
+    if parts.scheme not in DEFAULT_PORTS or not parts.hostname:
+        print(f"scoperouter: {args.url!r} is not an http(s) URL", file=sys.stderr)
+        return 2
+    headers: dict[str, str] = {}
+    for raw in args.header:
+        name, sep, value = raw.partition(":")
+        if not sep or not name.strip():
+            print(f"scoperouter: header {raw!r} is not 'Name: value'", file=sys.stderr)
+            return 2
+        headers[name.strip().lower()] = value.strip()
+    if args.scope is not None:
+        headers["x-scope"] = args.scope
+    host = parts.hostname.lower()
+    port = parts.port or DEFAULT_PORTS[parts.scheme]
+    mode = args.mode
+    if mode == "auto":
+        frontends = {(f.url.host, f.url.port) for f in catalog.clouds[args.cloud].frontends}
+        mode = "reverse" if (host, port) in frontends else "forward"
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    facts = RequestFacts(args.method.upper(), parts.scheme, host, port, path, headers, mode)
+    decision = decide(facts, catalog, args.cloud)
+    print(render_decision(facts, decision, args.cloud, as_json=args.json))
+    return 0 if isinstance(decision, Forward) else 1
+
+
+def _mask(name: str, value: str) -> str:
+    """Never print a token: keep only the scope part of token headers."""
+    if name in (AUTH_TOKEN, SUBJECT_TOKEN):
+        _, sep, scope = value.partition(SCOPE_SEPARATOR)
+        return f"<token>{sep}{scope}" if sep else "<token>"
+    return value
+
+
+def render_decision(
+    facts: RequestFacts, decision: Forward | Reject, cloud: str, as_json: bool = False
+) -> str:
+    """The decision for humans (or as JSON), with token values masked."""
+    request = f"{facts.method} {facts.scheme}://{facts.host}:{facts.port}{facts.path}"
+    if isinstance(decision, Reject):
+        body = json.loads(decision.body())
+        if as_json:
+            return json.dumps(
+                {
+                    "request": request,
+                    "mode": facts.mode,
+                    "router": cloud,
+                    "decision": "reject",
+                    "status": decision.status,
+                    "body": body,
+                }
+            )
+        return (
+            f"request:  {request} ({facts.mode} mode, router of {cloud})\n"
+            f"decision: reject {decision.status} {decision.title}\n"
+            f"body:     {json.dumps(body)}"
+        )
+    edits = {_title(k): _mask(k, v) for k, v in decision.set_headers.items()}
+    removed = sorted(_title(h) for h in decision.remove_headers)
+    if as_json:
+        return json.dumps(
+            {
+                "request": request,
+                "mode": facts.mode,
+                "router": cloud,
+                "decision": "forward",
+                "cloud": decision.cloud,
+                "service_type": decision.service_type,
+                "interface": decision.interface,
+                "remote": decision.remote,
+                "target": decision.url,
+                "set_headers": edits,
+                "remove_headers": removed,
+            }
+        )
+    lines = [
+        f"request:  {request} ({facts.mode} mode, router of {cloud})",
+        f"service:  {decision.service_type} ({decision.interface})",
+        f"decision: forward to {decision.cloud} "
+        + ("(its router)" if decision.remote else "(local backend)"),
+        f"target:   {decision.url}",
+    ]
+    if decision.scope is not None:
+        lines.append(f"scope:    {decision.scope.to_json()}")
+    lines.extend(f"set:      {k}: {v}" for k, v in edits.items())
+    lines.extend(f"remove:   {h}" for h in removed)
+    return "\n".join(lines)
+
+
+def _title(header: str) -> str:
+    return "-".join(p.capitalize() for p in header.split("-"))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,271 @@
+"""The routing decision: where one request goes, as data.
+
+``decide(facts, catalog, local_cloud)`` is a pure function of the request's method, URL and
+headers, the federation catalog and the name of the cloud this router serves. It returns either a
+:class:`Forward` (the target URL and the header edits) or a :class:`~scoperouter.errors.Reject`
+(status and message). The mitmproxy addon applies it, ``scoperouter route`` prints it, tests
+assert on it: one object, no I/O.
+
+The rules, in order (docs/design.md has the rationale):
+
+1. The URL names a service: the catalog entry whose URL is the longest prefix of the request's
+   (reverse mode: this router's frontend; forward mode: the absolute URL). No match: 404 in
+   reverse mode, 403 in forward mode (the forward proxy is not an open proxy).
+2. The scope comes from the token (``X-Auth-Token: <token>!SCOPE!<json>``), else ``X-Scope``;
+   the token wins when both are present. Identity requests with neither may carry it on
+   ``X-Subject-Token`` (token validation goes to the cloud that issued the token).
+3. No scope: the request goes where it was addressed, unchanged.
+4. A scope is validated (every cloud and service type must exist) and completed with this
+   router's cloud for the services it does not name, so "local" keeps meaning the cloud where
+   the request entered the federation.
+5. The target cloud serves the request: this cloud's backend, or the other cloud's router.
+6. Keystone only sees its own tokens: the scope is stripped from ``X-Subject-Token`` always and
+   from ``X-Auth-Token`` when the target is the identity service.
+7. ``X-Scope-Hops`` counts forwards between routers; past the configured limit: 508.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from scoperouter.catalog import Catalog, Endpoint, Match
+from scoperouter.errors import Reject
+from scoperouter.scope import (
+    SCOPE_SEPARATOR,
+    Cloud,
+    Scope,
+    ScopeError,
+    clouds_of,
+    format_expression,
+    join_token,
+    split_token,
+)
+
+AUTH_TOKEN = "x-auth-token"
+SUBJECT_TOKEN = "x-subject-token"
+SCOPE_HEADER = "x-scope"
+HOPS_HEADER = "x-scope-hops"
+IDENTITY = "identity"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFacts:
+    """What the router knows about a request when its headers have arrived."""
+
+    method: str
+    scheme: str
+    host: str
+    port: int
+    path: str  # path and query, as sent
+    headers: Mapping[str, str]  # lower-case names
+    mode: str = "reverse"  # "reverse": a client called our frontend; "forward": HTTP_PROXY use
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """Send the request to `url` with these header edits."""
+
+    cloud: str  # the cloud that serves the request
+    service_type: str
+    interface: str
+    remote: bool  # True: `url` is another cloud's router; False: a backend of this cloud
+    url: str
+    set_headers: Mapping[str, str] = field(default_factory=dict)
+    remove_headers: frozenset[str] = frozenset()
+    scope: Scope | None = None
+
+    def describe(self) -> str:
+        where = "remote router" if self.remote else "local backend"
+        return f"{self.service_type} ({self.interface}) -> {self.cloud} {where} {self.url}"
+
+
+Decision = Forward | Reject
+
+
+@lru_cache(maxsize=4096)
+def _parse_scope(text: str) -> Scope:
+    """Scopes repeat for a whole session or workflow: parse each distinct text once."""
+    return Scope.parse(text)
+
+
+@lru_cache(maxsize=4096)
+def _complete(scope: Scope, service_types: frozenset[str], cloud: str) -> tuple[Scope, str]:
+    completed = scope.complete(sorted(service_types), cloud)
+    return completed, completed.to_json()
+
+
+def decide(facts: RequestFacts, catalog: Catalog, local_cloud: str) -> Decision:
+    """The routing decision for one request (pure; see the module docstring for the rules)."""
+    match = catalog.match(facts.host, facts.port, facts.path)
+    if match is None:
+        return _no_service(facts, local_cloud)
+    endpoint = match.endpoint
+    headers = facts.headers
+
+    hops_text = headers.get(HOPS_HEADER, "0")
+    if not (hops_text.isascii() and hops_text.isdigit()) or len(hops_text) > 4:
+        return Reject(400, f"invalid {HOPS_HEADER} header {hops_text[:20]!r}: expected a count")
+    hops = int(hops_text)
+
+    # Keystone must only ever see its own tokens: strip the scope from the subject token on
+    # every path, scoped or not.
+    subject = headers.get(SUBJECT_TOKEN)
+    subject_edit = (
+        {SUBJECT_TOKEN: split_token(subject)[0]}
+        if subject is not None and SCOPE_SEPARATOR in subject
+        else {}
+    )
+    token, scope_text, source = _find_scope(headers, endpoint.service_type)
+    if scope_text is None:
+        return _unscoped(match, catalog, local_cloud, hops, subject_edit)
+
+    try:
+        scope = _parse_scope(scope_text)
+    except ScopeError as exc:
+        return Reject(400, f"invalid scope in {source}: {exc.message}")
+    problem = _validate(scope, catalog)
+    if problem is not None:
+        return Reject(400, f"invalid scope in {source}: {problem}")
+
+    completed, completed_json = _complete(scope, catalog.service_types, local_cloud)
+    service_type = endpoint.service_type
+    expr = completed[service_type]
+    if not isinstance(expr, Cloud):
+        return Reject(
+            501,
+            f"scope for {service_type!r} is {format_expression(expr)!r}: combining clouds "
+            "with '&' or '|' is not implemented yet; name one cloud",
+        )
+    target = expr.name
+    interface = endpoint.interface
+
+    set_headers: dict[str, str] = {SCOPE_HEADER: completed_json, **subject_edit}
+    if token is not None:
+        set_headers[AUTH_TOKEN] = (
+            token if service_type == IDENTITY else join_token(token, completed)
+        )
+
+    if target == local_cloud:
+        local = (
+            endpoint
+            if endpoint.cloud == local_cloud
+            else catalog.endpoint(local_cloud, service_type, interface)
+        )
+        if local is None:  # _validate checked the cloud offers the service; be safe anyway
+            return Reject(400, f"{local_cloud} has no {service_type} service")
+        return Forward(
+            local_cloud,
+            service_type,
+            local.interface,
+            False,
+            match.target_base(local.backend) + match.rest,
+            set_headers,
+            frozenset({HOPS_HEADER}),
+            completed,
+        )
+
+    remote = catalog.endpoint(target, service_type, interface)
+    if remote is None:
+        return Reject(400, f"{target} has no {service_type} service")
+    if hops + 1 > catalog.settings.hop_limit:
+        return _loop(hops, catalog)
+    set_headers[HOPS_HEADER] = str(hops + 1)
+    return Forward(
+        target,
+        service_type,
+        remote.interface,
+        True,
+        match.target_base(remote.url) + match.rest,
+        set_headers,
+        frozenset(),
+        completed,
+    )
+
+
+def _find_scope(
+    headers: Mapping[str, str], service_type: str
+) -> tuple[str | None, str | None, str]:
+    """(bare token or None, scope text or None, which header it came from)."""
+    token: str | None = None
+    auth = headers.get(AUTH_TOKEN)
+    if auth is not None:
+        token, scope_text = split_token(auth)
+        if scope_text is not None:
+            return token, scope_text, "X-Auth-Token"
+    scope_header = headers.get(SCOPE_HEADER)
+    if scope_header is not None:
+        return token, scope_header, "X-Scope"
+    if service_type == IDENTITY and (subject := headers.get(SUBJECT_TOKEN)) is not None:
+        _, scope_text = split_token(subject)
+        if scope_text is not None:
+            return token, scope_text, "X-Subject-Token"
+    return token, None, ""
+
+
+def _validate(scope: Scope, catalog: Catalog) -> str | None:
+    """Every service type and cloud the scope names must exist; None when all is well."""
+    for service_type, expr in scope.items():
+        if service_type not in catalog.service_types:
+            known = ", ".join(sorted(catalog.service_types))
+            return f"unknown service type {service_type!r} (this federation has: {known})"
+        for name in clouds_of(expr):
+            cloud = catalog.clouds.get(name)
+            if cloud is None:
+                return f"unknown cloud {name!r} for {service_type!r} (known: {_clouds(catalog)})"
+            if catalog.endpoint(name, service_type, "public") is None:
+                return f"cloud {name!r} has no {service_type!r} service"
+    return None
+
+
+def _clouds(catalog: Catalog) -> str:
+    names = sorted(catalog.clouds)
+    return ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+
+
+def _unscoped(
+    match: Match, catalog: Catalog, local_cloud: str, hops: int, subject_edit: dict[str, str]
+) -> Decision:
+    """No scope: deliver where the client addressed it, touching nothing but the hop count
+    (and a scope left on X-Subject-Token)."""
+    endpoint: Endpoint = match.endpoint
+    if match.kind == "backend" or endpoint.cloud == local_cloud:
+        return Forward(
+            endpoint.cloud,
+            endpoint.service_type,
+            endpoint.interface,
+            False,
+            match.target_base(endpoint.backend) + match.rest,
+            set_headers=subject_edit,
+            remove_headers=frozenset({HOPS_HEADER}),
+        )
+    if hops + 1 > catalog.settings.hop_limit:
+        return _loop(hops, catalog)
+    return Forward(
+        endpoint.cloud,
+        endpoint.service_type,
+        endpoint.interface,
+        True,
+        match.target_base(endpoint.url) + match.rest,
+        set_headers={**subject_edit, HOPS_HEADER: str(hops + 1)},
+    )
+
+
+def _no_service(facts: RequestFacts, local_cloud: str) -> Reject:
+    path = facts.path.partition("?")[0]
+    if facts.mode == "forward":
+        return Reject(
+            403,
+            f"{facts.scheme}://{facts.host}:{facts.port}{path} is not an endpoint of the "
+            "federation catalog; this proxy only reaches catalog destinations",
+        )
+    return Reject(404, f"no service of {local_cloud} is published at {path}")
+
+
+def _loop(hops: int, catalog: Catalog) -> Reject:
+    return Reject(
+        508,
+        f"routing loop: the request already crossed {hops} routers (hop_limit "
+        f"{catalog.settings.hop_limit}); check that the routers' federation configs agree",
+    )

@@ -1,0 +1,260 @@
+"""The scope language: which cloud serves each service type, for one request.
+
+A scope is a JSON object mapping an OpenStack service type to an *expression* over cloud names::
+
+    {"image": "CloudTwo", "compute": "CloudOne | CloudThree", "network": "(A & B) | C"}
+
+Grammar (``&`` binds tighter than ``|``, parentheses group)::
+
+    expr := and ('|' and)*        AnyOf: use the first cloud that works
+    and  := atom ('&' atom)*      AllOf: use every cloud and combine
+    atom := NAME | '(' expr ')'
+    NAME := [A-Za-z0-9] [A-Za-z0-9_.:-]*
+
+Client input is parsed by a small hand-written recursive-descent parser with bounded size and
+depth; it is never given to ``eval`` or ``ast``. Every failure raises :class:`ScopeError` with a
+one-line message that says what is wrong and where, so the router can answer 400 and the CLI can
+refuse the scope before sending anything.
+
+The scope travels on the token (``X-Auth-Token: <token>!SCOPE!<json>``), because every OpenStack
+service forwards the user's token on the calls it makes for the user, and in ``X-Scope``. When
+both are present and disagree the token wins: it is what follows the workflow.
+
+This module does no I/O and imports nothing outside the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+SCOPE_SEPARATOR = "!SCOPE!"
+MAX_SCOPE_LENGTH = 8192
+MAX_EXPRESSION_LENGTH = 1024
+MAX_DEPTH = 16
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
+_SERVICE_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\Z")
+
+
+class ScopeError(ValueError):
+    """A scope or expression that cannot be used. ``message`` is one line for humans."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Cloud:
+    """A single cloud, by name."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class AllOf:
+    """``A & B``: every cloud (fan-out, results combined)."""
+
+    parts: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AnyOf:
+    """``A | B``: the first cloud that works (fallback)."""
+
+    parts: tuple[Expr, ...]
+
+
+Expr = Cloud | AllOf | AnyOf
+
+
+def clouds_of(expr: Expr) -> Iterator[str]:
+    """Every cloud name an expression mentions, left to right."""
+    if isinstance(expr, Cloud):
+        yield expr.name
+    else:
+        for part in expr.parts:
+            yield from clouds_of(part)
+
+
+def format_expression(expr: Expr) -> str:
+    """The canonical text of an expression; ``parse_expression`` reads it back unchanged."""
+    if isinstance(expr, Cloud):
+        return expr.name
+    if isinstance(expr, AllOf):
+        return " & ".join(
+            f"({format_expression(p)})" if isinstance(p, AnyOf) else format_expression(p)
+            for p in expr.parts
+        )
+    return " | ".join(format_expression(p) for p in expr.parts)
+
+
+class _Parser:
+    """Recursive descent over a pre-tokenised expression; depth-bounded."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tokens = self._tokenize(text)
+        self.index = 0
+
+    def _tokenize(self, text: str) -> list[tuple[str, int]]:
+        tokens: list[tuple[str, int]] = []
+        pos = 0
+        while pos < len(text):
+            char = text[pos]
+            if char in " \t":
+                pos += 1
+            elif char in "&|()":
+                tokens.append((char, pos))
+                pos += 1
+            elif match := _NAME.match(text, pos):
+                tokens.append((match.group(), pos))
+                pos = match.end()
+            else:
+                raise ScopeError(f"unexpected character {char!r} at position {pos} in {text!r}")
+        return tokens
+
+    def _peek(self) -> str | None:
+        return self.tokens[self.index][0] if self.index < len(self.tokens) else None
+
+    def _where(self) -> str:
+        if self.index < len(self.tokens):
+            token, pos = self.tokens[self.index]
+            return f"{token!r} at position {pos}"
+        return "end of expression"
+
+    def parse(self) -> Expr:
+        if not self.tokens:
+            raise ScopeError("empty expression: name a cloud")
+        expr = self._or(0)
+        if self.index != len(self.tokens):
+            raise ScopeError(f"unexpected {self._where()} in {self.text!r}")
+        return expr
+
+    def _or(self, depth: int) -> Expr:
+        parts = [self._and(depth)]
+        while self._peek() == "|":
+            self.index += 1
+            parts.append(self._and(depth))
+        return parts[0] if len(parts) == 1 else AnyOf(_flatten(AnyOf, parts))
+
+    def _and(self, depth: int) -> Expr:
+        parts = [self._atom(depth)]
+        while self._peek() == "&":
+            self.index += 1
+            parts.append(self._atom(depth))
+        return parts[0] if len(parts) == 1 else AllOf(_flatten(AllOf, parts))
+
+    def _atom(self, depth: int) -> Expr:
+        token = self._peek()
+        if token == "(":
+            if depth >= MAX_DEPTH:
+                raise ScopeError(f"expression nested deeper than {MAX_DEPTH} levels")
+            self.index += 1
+            expr = self._or(depth + 1)
+            if self._peek() != ")":
+                raise ScopeError(f"expected ')' but found {self._where()} in {self.text!r}")
+            self.index += 1
+            return expr
+        if token is None or token in "&|)":
+            raise ScopeError(f"expected a cloud name but found {self._where()} in {self.text!r}")
+        self.index += 1
+        return Cloud(token)
+
+
+def _flatten(kind: type[AllOf] | type[AnyOf], parts: list[Expr]) -> tuple[Expr, ...]:
+    """``(A | B) | C`` is ``A | B | C``: keep one canonical form per meaning."""
+    flat: list[Expr] = []
+    for part in parts:
+        flat.extend(part.parts if isinstance(part, kind) else (part,))
+    return tuple(flat)
+
+
+def parse_expression(text: str) -> Expr:
+    """Parse one expression (``"CloudOne"``, ``"A | (B & C)"``); raises ScopeError."""
+    if not isinstance(text, str):
+        raise ScopeError(
+            f"an expression must be a string of cloud names, not {type(text).__name__}"
+        )
+    if len(text) > MAX_EXPRESSION_LENGTH:
+        raise ScopeError(f"expression longer than {MAX_EXPRESSION_LENGTH} characters")
+    return _Parser(text).parse()
+
+
+@dataclass(frozen=True, slots=True)
+class Scope(Mapping[str, Expr]):
+    """An immutable mapping service type -> expression, kept sorted for a canonical form."""
+
+    items_: tuple[tuple[str, Expr], ...] = ()
+
+    @classmethod
+    def of(cls, entries: Mapping[str, Expr] | Iterable[tuple[str, Expr]]) -> Scope:
+        pairs = entries.items() if isinstance(entries, Mapping) else entries
+        return cls(tuple(sorted(dict(pairs).items())))
+
+    @classmethod
+    def parse(cls, text: str) -> Scope:
+        """Parse the JSON text of a scope; raises ScopeError with a one-line reason."""
+        if len(text) > MAX_SCOPE_LENGTH:
+            raise ScopeError(f"scope longer than {MAX_SCOPE_LENGTH} characters")
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            # json's messages carry the position ("Expecting value: line 1 column 9 (char 8)")
+            raise ScopeError(f"scope is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ScopeError(
+                'scope must be a JSON object like {"image": "CloudTwo"}, '
+                f"not a JSON {type(data).__name__}"
+            )
+        entries: dict[str, Expr] = {}
+        for service_type, value in data.items():
+            if not _SERVICE_TYPE.match(service_type):
+                raise ScopeError(f"{service_type!r} is not a service type (e.g. image, compute)")
+            try:
+                entries[service_type] = parse_expression(value)
+            except ScopeError as exc:
+                raise ScopeError(f"scope for {service_type!r}: {exc.message}") from None
+        return cls.of(entries)
+
+    def to_json(self) -> str:
+        """Canonical compact JSON (sorted keys, canonical expressions): safe in a header."""
+        payload = {k: format_expression(v) for k, v in self.items_}
+        return json.dumps(payload, separators=(",", ":"), sort_keys=True)
+
+    def complete(self, service_types: Iterable[str], cloud: str) -> Scope:
+        """Name `cloud` for every service type this scope leaves out."""
+        entries = dict(self.items_)
+        missing = {st: Cloud(cloud) for st in service_types if st not in entries}
+        if not missing:
+            return self
+        return Scope.of({**entries, **missing})
+
+    def __getitem__(self, key: str) -> Expr:
+        for service_type, expr in self.items_:
+            if service_type == key:
+                return expr
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k, _ in self.items_)
+
+    def __len__(self) -> int:
+        return len(self.items_)
+
+    def __str__(self) -> str:
+        return self.to_json()
+
+
+def split_token(value: str) -> tuple[str, str | None]:
+    """``"<token>!SCOPE!<json>"`` -> ``("<token>", "<json>")``; no scope -> ``(value, None)``."""
+    token, sep, scope_text = value.partition(SCOPE_SEPARATOR)
+    return (token, scope_text) if sep else (value, None)
+
+
+def join_token(token: str, scope: Scope) -> str:
+    """The token with the scope appended, as clients and routers send it."""
+    return f"{token}{SCOPE_SEPARATOR}{scope.to_json()}"

@@ -1,0 +1,201 @@
+"""The federation model: loading, validation messages, and URL matching."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from scoperouter.catalog import Catalog, build_catalog, load_catalog, parse_url
+from scoperouter.errors import ConfigError
+
+from .conftest import SAMPLE
+
+
+def sample() -> dict[str, Any]:
+    return yaml.safe_load(SAMPLE.read_text())
+
+
+def test_sample_loads(catalog: Catalog) -> None:
+    assert set(catalog.clouds) == {"CloudOne", "CloudTwo"}
+    assert catalog.service_types == {"identity", "image", "compute", "placement"}
+    assert catalog.clouds["CloudOne"].proxy_listen == ("127.0.0.2", 3128)
+
+
+def test_match_longest_prefix_and_rest(catalog: Catalog) -> None:
+    m = catalog.match("127.0.0.2", 5000, "/v3/auth/tokens?nocatalog")
+    assert m is not None
+    assert (m.endpoint.cloud, m.endpoint.service_type, m.kind) == ("CloudOne", "identity", "public")
+    assert m.rest == "/auth/tokens?nocatalog"
+    assert not m.versionless
+
+
+def test_match_versionless_root_for_discovery(catalog: Catalog) -> None:
+    m = catalog.match("127.0.0.2", 8774, "/")
+    assert m is not None and m.versionless and m.endpoint.service_type == "compute"
+    assert m.target_base(m.endpoint.backend) + m.rest == "http://127.0.1.2:8774/"
+
+
+def test_match_backend_urls_and_misses(catalog: Catalog) -> None:
+    m = catalog.match("127.0.1.3", 9292, "/v2/images")
+    assert m is not None and m.kind == "backend" and m.endpoint.cloud == "CloudTwo"
+    assert catalog.match("127.0.0.9", 9292, "/v2/images") is None
+    assert catalog.match("127.0.0.2", 5000, "/v2.0/x") is not None  # version-less prefix ""
+
+
+def test_segment_boundaries() -> None:
+    data = sample()
+    data["clouds"]["CloudOne"]["services"]["image"]["public"]["url"] = "http://127.0.0.2:9292/image"
+    cat = build_catalog(data)
+    assert cat.match("127.0.0.2", 9292, "/images/x") is None
+    m = cat.match("127.0.0.2", 9292, "/image/v2/images")
+    assert m is not None and m.rest == "/v2/images"
+
+
+def test_endpoint_lookup_falls_back_to_public(catalog: Catalog) -> None:
+    ep = catalog.endpoint("CloudTwo", "image", "internal")
+    assert ep is not None and ep.interface == "public" and ep.cloud == "CloudTwo"
+    assert catalog.endpoint("CloudTwo", "volume", "public") is None
+
+
+def _error(mutate: Any) -> ConfigError:
+    data = sample()
+    mutate(data)
+    with pytest.raises(ConfigError) as info:
+        build_catalog(data, source="f.yaml")
+    return info.value
+
+
+@pytest.mark.parametrize(
+    ("mutate", "location", "fragment"),
+    [
+        (lambda d: d.pop("clouds"), "f.yaml: (top level)", "missing key(s): clouds"),
+        (lambda d: d.update(version=2), "f.yaml: version", "unsupported version"),
+        (
+            lambda d: d["settings"].update(hop_limit=0),
+            "f.yaml: settings.hop_limit",
+            "positive integer",
+        ),
+        (
+            lambda d: d["settings"].update(connect_timeout="soon"),
+            "f.yaml: settings.connect_timeout",
+            "seconds",
+        ),
+        (lambda d: d["settings"].update(colour="blue"), "f.yaml: settings.colour", "unknown key"),
+        (
+            lambda d: d["clouds"]["CloudOne"].pop("frontends"),
+            "f.yaml: clouds.CloudOne",
+            "missing key(s): frontends",
+        ),
+        (
+            lambda d: d["clouds"]["CloudOne"]["services"]["image"]["public"].update(
+                backend="ftp://x"
+            ),
+            "f.yaml: clouds.CloudOne.services.image.public.backend",
+            "not an http:// or https:// URL",
+        ),
+        (
+            lambda d: d["clouds"]["CloudOne"]["services"]["image"]["public"].update(
+                url="http://127.0.0.9:9292"
+            ),
+            "f.yaml: clouds.CloudOne.services.image.public.url",
+            "not on one of this cloud's frontends",
+        ),
+        (
+            lambda d: d["clouds"]["CloudOne"]["services"]["image"].update(private={}),
+            "f.yaml: clouds.CloudOne.services.image.private",
+            "unknown key",
+        ),
+        (
+            lambda d: d["clouds"]["CloudOne"]["frontends"].append(
+                {"url": "https://127.0.0.2:8443"}
+            ),
+            "f.yaml: clouds.CloudOne.frontends[4].tls",
+            "https frontend needs tls",
+        ),
+        (
+            lambda d: d["clouds"]["CloudOne"]["proxy"].update(listen="nowhere"),
+            "f.yaml: clouds.CloudOne.proxy.listen",
+            "is not HOST:PORT",
+        ),
+        (
+            lambda d: d["clouds"].update({"Bad Name": copy.deepcopy(d["clouds"]["CloudTwo"])}),
+            "f.yaml: clouds.Bad Name",
+            "cannot be empty or contain spaces",
+        ),
+        (
+            lambda d: d["clouds"]["CloudTwo"]["services"]["image"]["public"].update(
+                backend="http://127.0.1.2:9292"
+            ),
+            "f.yaml: clouds.CloudTwo.services.image.public",
+            "also the backend URL of image in CloudOne",
+        ),
+        (
+            lambda d: d["clouds"]["CloudOne"]["services"]["image"]["public"].update(
+                backend="http://127.0.0.2:9292"
+            ),
+            "f.yaml: clouds.CloudOne.services.image.public",
+            "both a router URL and a backend URL",
+        ),
+    ],
+)
+def test_config_errors_say_where(mutate: Any, location: str, fragment: str) -> None:
+    err = _error(mutate)
+    assert err.location == location
+    assert fragment in err.message
+
+
+def test_interfaces_sharing_a_url_are_fine_public_wins() -> None:
+    data = sample()
+    svc = data["clouds"]["CloudOne"]["services"]["image"]
+    svc["internal"] = dict(svc["public"])
+    cat = build_catalog(data)
+    m = cat.match("127.0.0.2", 9292, "/v2")
+    assert m is not None and m.endpoint.interface == "public"
+
+
+def test_load_errors_name_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_catalog(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("clouds: [\n")
+    with pytest.raises(ConfigError) as info:
+        load_catalog(bad)
+    assert info.value.location.startswith(f"{bad}:")
+    assert "not valid YAML" in info.value.message
+
+
+def test_tls_files_resolve_relative_to_config(tmp_path: Path) -> None:
+    data = sample()
+    (tmp_path / "c.pem").write_text("x")
+    (tmp_path / "k.pem").write_text("x")
+    data["clouds"]["CloudOne"]["frontends"].append(
+        {"url": "https://127.0.0.2:8443", "tls": {"cert": "c.pem", "key": "k.pem"}}
+    )
+    path = tmp_path / "f.yaml"
+    path.write_text(yaml.safe_dump(data))
+    cat = load_catalog(path)
+    fe = cat.clouds["CloudOne"].frontends[-1]
+    assert fe.cert == str(tmp_path / "c.pem") and fe.listen_port == 8443
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("http://Host:80/a/", ("http", "host", 80, "/a")),
+        ("https://h", ("https", "h", 443, "")),
+        ("http://[::1]:5000/v3", ("http", "::1", 5000, "/v3")),
+    ],
+)
+def test_parse_url(text: str, expected: tuple[str, str, int, str]) -> None:
+    url = parse_url(text)
+    assert (url.scheme, url.host, url.port, url.path) == expected
+
+
+@pytest.mark.parametrize("text", ["", "h:80", "http://", "http://h:99999", "http://h/?q=1"])
+def test_parse_url_refuses(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_url(text)

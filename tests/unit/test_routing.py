@@ -1,0 +1,204 @@
+"""The routing decision, rule by rule, on the sample federation (no sockets)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+
+from scoperouter.catalog import Catalog, build_catalog
+from scoperouter.errors import Reject
+from scoperouter.routing import Forward, RequestFacts, decide
+
+from .conftest import SAMPLE
+
+FULL = '{"compute":"CloudOne","identity":"CloudOne","image":"CloudTwo","placement":"CloudOne"}'
+
+
+def facts(
+    path: str = "/v2/images",
+    port: int = 9292,
+    host: str = "127.0.0.2",
+    mode: str = "reverse",
+    **headers: str,
+) -> RequestFacts:
+    return RequestFacts(
+        "GET", "http", host, port, path, {k.replace("_", "-"): v for k, v in headers.items()}, mode
+    )
+
+
+def forward(catalog: Catalog, f: RequestFacts, cloud: str = "CloudOne") -> Forward:
+    decision = decide(f, catalog, cloud)
+    assert isinstance(decision, Forward), decision
+    return decision
+
+
+def reject(catalog: Catalog, f: RequestFacts, cloud: str = "CloudOne") -> Reject:
+    decision = decide(f, catalog, cloud)
+    assert isinstance(decision, Reject), decision
+    body = json.loads(decision.body())["error"]
+    assert body["code"] == decision.status and body["message"] == decision.message
+    return decision
+
+
+def test_unscoped_goes_to_local_backend_unchanged(catalog: Catalog) -> None:
+    d = forward(catalog, facts(x_auth_token="tok"))
+    assert (d.cloud, d.remote, d.url) == ("CloudOne", False, "http://127.0.1.2:9292/v2/images")
+    assert d.set_headers == {} and d.remove_headers == {"x-scope-hops"} and d.scope is None
+
+
+def test_scope_on_token_routes_to_remote_router_and_completes(catalog: Catalog) -> None:
+    d = forward(catalog, facts(x_auth_token='tok!SCOPE!{"image": "CloudTwo"}'))
+    assert (d.cloud, d.remote, d.url) == ("CloudTwo", True, "http://127.0.0.3:9292/v2/images")
+    assert d.set_headers == {
+        "x-auth-token": f"tok!SCOPE!{FULL}",
+        "x-scope": FULL,
+        "x-scope-hops": "1",
+    }
+
+
+def test_remote_router_sends_complete_scope_to_its_backend(catalog: Catalog) -> None:
+    f = facts(host="127.0.0.3", x_auth_token=f"tok!SCOPE!{FULL}", x_scope_hops="1")
+    d = forward(catalog, f, cloud="CloudTwo")
+    assert (d.cloud, d.remote, d.url) == ("CloudTwo", False, "http://127.0.1.3:9292/v2/images")
+    assert d.set_headers["x-auth-token"] == f"tok!SCOPE!{FULL}"  # "local" kept its meaning
+    assert "x-scope-hops" in d.remove_headers
+
+
+def test_x_scope_header_alone(catalog: Catalog) -> None:
+    d = forward(catalog, facts(x_auth_token="tok", x_scope='{"image": "CloudTwo"}'))
+    assert d.cloud == "CloudTwo" and d.set_headers["x-auth-token"] == f"tok!SCOPE!{FULL}"
+
+
+def test_token_wins_over_x_scope(catalog: Catalog) -> None:
+    d = forward(
+        catalog,
+        facts(x_auth_token='tok!SCOPE!{"image": "CloudOne"}', x_scope='{"image": "CloudTwo"}'),
+    )
+    assert d.cloud == "CloudOne" and '"image":"CloudOne"' in d.set_headers["x-scope"]
+
+
+def test_identity_target_gets_bare_token(catalog: Catalog) -> None:
+    d = forward(
+        catalog,
+        facts(
+            "/v3/auth/tokens",
+            5000,
+            x_auth_token='tok!SCOPE!{"image": "CloudTwo"}',
+            x_subject_token='user!SCOPE!{"image": "CloudTwo"}',
+        ),
+    )
+    assert d.url == "http://127.0.1.2:5000/v3/auth/tokens"
+    assert d.set_headers["x-auth-token"] == "tok"
+    assert d.set_headers["x-subject-token"] == "user"
+
+
+def test_subject_token_scope_routes_token_validation(catalog: Catalog) -> None:
+    d = forward(
+        catalog,
+        facts(
+            "/v3/auth/tokens",
+            5000,
+            x_auth_token="service-token",
+            x_subject_token='user!SCOPE!{"identity": "CloudTwo"}',
+        ),
+    )
+    assert (d.cloud, d.remote, d.url) == ("CloudTwo", True, "http://127.0.0.3:5000/v3/auth/tokens")
+    assert d.set_headers["x-subject-token"] == "user"
+    assert d.set_headers["x-auth-token"] == "service-token"
+
+
+def test_subject_token_scope_is_stripped_for_non_identity_too(catalog: Catalog) -> None:
+    d = forward(catalog, facts(x_auth_token="tok", x_subject_token='u!SCOPE!{"image": "CloudOne"}'))
+    assert d.scope is None  # unscoped request (the subject token's scope routes identity only)
+    assert d.set_headers == {"x-subject-token": "u"}
+    d = forward(catalog, facts(x_auth_token="tok", x_subject_token="plain"))
+    assert "x-subject-token" not in d.set_headers
+
+
+def test_version_discovery_root_follows_scope(catalog: Catalog) -> None:
+    d = forward(catalog, facts("/", 8774, x_auth_token='t!SCOPE!{"compute": "CloudTwo"}'))
+    assert d.url == "http://127.0.0.3:8774/"
+
+
+def test_query_string_is_kept(catalog: Catalog) -> None:
+    d = forward(catalog, facts("/v2/images?limit=2&marker=x", x_scope='{"image": "CloudTwo"}'))
+    assert d.url == "http://127.0.0.3:9292/v2/images?limit=2&marker=x"
+
+
+def test_forward_mode_catalog_destinations(catalog: Catalog) -> None:
+    d = forward(catalog, facts(mode="forward", host="127.0.0.3", x_auth_token="tok"))
+    assert (d.cloud, d.remote, d.url) == ("CloudTwo", True, "http://127.0.0.3:9292/v2/images")
+    d = forward(catalog, facts(mode="forward", host="127.0.0.3", x_auth_token=f"tok!SCOPE!{FULL}"))
+    assert (d.cloud, d.remote) == ("CloudTwo", True)
+    d = forward(
+        catalog,
+        facts(mode="forward", host="127.0.0.3", x_auth_token='tok!SCOPE!{"image": "CloudOne"}'),
+    )
+    assert (d.cloud, d.remote, d.url) == ("CloudOne", False, "http://127.0.1.2:9292/v2/images")
+
+
+@pytest.mark.parametrize(
+    ("f", "status", "fragment"),
+    [
+        (facts(mode="forward", host="10.1.2.3", port=80), 403, "not an endpoint of the federation"),
+        (facts("/v2/images", 9999), 404, "no service of CloudOne is published at /v2/images"),
+        (
+            facts(x_auth_token="t!SCOPE!{bad"),
+            400,
+            "invalid scope in X-Auth-Token: scope is not valid JSON",
+        ),
+        (facts(x_scope='{"image": "Nowhere"}'), 400, "unknown cloud 'Nowhere' for 'image'"),
+        (facts(x_scope='{"volume": "CloudTwo"}'), 400, "unknown service type 'volume'"),
+        (facts(x_scope='{"image": "CloudTwo &"}'), 400, "expected a cloud name"),
+        (facts(x_scope='{"image": "CloudTwo & CloudOne"}'), 501, "not implemented yet"),
+        (facts(x_scope='{"image": "CloudTwo", "x": "A"}'), 400, "unknown service type 'x'"),
+        (facts(x_scope='{"image": "CloudTwo"}', x_scope_hops="8"), 508, "routing loop"),
+        (facts(x_scope_hops="²"), 400, "invalid x-scope-hops"),
+        (facts(x_scope_hops="-1"), 400, "invalid x-scope-hops"),
+    ],
+)
+def test_rejections(catalog: Catalog, f: RequestFacts, status: int, fragment: str) -> None:
+    r = reject(catalog, f)
+    assert r.status == status
+    assert fragment in r.message
+
+
+def test_operators_elsewhere_in_the_scope_are_fine(catalog: Catalog) -> None:
+    d = forward(catalog, facts(x_scope='{"image": "CloudTwo", "compute": "CloudOne | CloudTwo"}'))
+    assert d.cloud == "CloudTwo"
+    assert '"compute":"CloudOne | CloudTwo"' in d.set_headers["x-scope"]
+
+
+def test_cloud_without_the_service_is_refused() -> None:
+    data: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
+    del data["clouds"]["CloudTwo"]["services"]["placement"]
+    cat = build_catalog(data)
+    r = reject(cat, facts("/", 8778, x_scope='{"placement": "CloudTwo"}'))
+    assert r.status == 400 and "cloud 'CloudTwo' has no 'placement' service" in r.message
+
+
+def test_hop_limit_counts_each_remote_forward(catalog: Catalog) -> None:
+    d = forward(catalog, facts(x_scope='{"image": "CloudTwo"}', x_scope_hops="7"))
+    assert d.set_headers["x-scope-hops"] == "8"
+    d = forward(catalog, facts(x_scope='{"image": "CloudOne"}', x_scope_hops="8"))
+    assert d.remote is False  # a local delivery is never a loop
+
+
+def test_decision_is_independent_of_cloud_count() -> None:
+    """Many clouds: same answer, found by index (the speed is measured in bench/)."""
+    data: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
+    template = data["clouds"]["CloudTwo"]
+    for i in range(200):
+        cloud = yaml.safe_load(
+            yaml.safe_dump(template)
+            .replace("127.0.0.3", f"127.2.{i // 250}.{i % 250 + 1}")
+            .replace("127.0.1.3", f"127.3.{i // 250}.{i % 250 + 1}")
+        )
+        cloud["region"] = f"C{i}"
+        data["clouds"][f"C{i}"] = cloud
+    cat = build_catalog(data)
+    d = forward(cat, facts(x_scope='{"image": "C150"}'))
+    assert d.url == "http://127.2.0.151:9292/v2/images"

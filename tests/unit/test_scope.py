@@ -1,0 +1,192 @@
+"""The scope language: parsing, precedence, canonical form, token codec, and robustness."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scoperouter.scope import (
+    MAX_DEPTH,
+    AllOf,
+    AnyOf,
+    Cloud,
+    Scope,
+    ScopeError,
+    clouds_of,
+    format_expression,
+    join_token,
+    parse_expression,
+    split_token,
+)
+
+A, B, C = Cloud("A"), Cloud("B"), Cloud("C")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("CloudOne", Cloud("CloudOne")),
+        ("  CloudOne ", Cloud("CloudOne")),
+        ("A | B", AnyOf((A, B))),
+        ("A & B", AllOf((A, B))),
+        ("A | B & C", AnyOf((A, AllOf((B, C))))),  # & binds tighter than |
+        ("A & B | C", AnyOf((AllOf((A, B)), C))),
+        ("(A | B) & C", AllOf((AnyOf((A, B)), C))),
+        ("A | (B | C)", AnyOf((A, B, C))),  # flattened: one form per meaning
+        ("((A))", A),
+        ("region-1.east:x_y", Cloud("region-1.east:x_y")),
+    ],
+)
+def test_parse_expression(text: str, expected: object) -> None:
+    assert parse_expression(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("", "empty expression"),
+        ("   ", "empty expression"),
+        ("A |", "expected a cloud name but found end of expression"),
+        ("| A", "expected a cloud name but found '|' at position 0"),
+        ("A B", "unexpected 'B' at position 2"),
+        ("(A | B", "expected ')' but found end of expression"),
+        ("A)", "unexpected ')' at position 1"),
+        ("A & !B", "unexpected character '!' at position 4"),
+        ("A;rm -rf /", "unexpected character ';'"),
+        ("__import__('os')", "unexpected character '_' at position 0"),
+    ],
+)
+def test_parse_expression_errors_say_what_and_where(text: str, fragment: str) -> None:
+    with pytest.raises(ScopeError) as info:
+        parse_expression(text)
+    assert fragment in info.value.message
+    assert "\n" not in info.value.message
+
+
+def test_depth_is_bounded() -> None:
+    parse_expression("(" * MAX_DEPTH + "A" + ")" * MAX_DEPTH)
+    with pytest.raises(ScopeError, match="nested deeper"):
+        parse_expression("(" * (MAX_DEPTH + 1) + "A" + ")" * (MAX_DEPTH + 1))
+
+
+def test_non_string_expression_is_refused() -> None:
+    with pytest.raises(ScopeError, match="must be a string"):
+        parse_expression(42)  # type: ignore[arg-type]
+
+
+def test_scope_parse_and_canonical_json() -> None:
+    scope = Scope.parse('{"image": "CloudTwo", "compute": "A | B&C"}')
+    assert dict(scope) == {"compute": AnyOf((A, AllOf((B, C)))), "image": Cloud("CloudTwo")}
+    assert scope.to_json() == '{"compute":"A | B & C","image":"CloudTwo"}'
+    assert Scope.parse(scope.to_json()) == scope
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("", "not valid JSON"),
+        ("{", "not valid JSON"),
+        ('["image"]', "must be a JSON object"),
+        ('"CloudTwo"', "must be a JSON object"),
+        ('{"image": 3}', "scope for 'image': an expression must be a string"),
+        ('{"image": ""}', "scope for 'image': empty expression"),
+        ('{"": "A"}', "is not a service type"),
+        ('{"im age": "A"}', "is not a service type"),
+        ('{"image": "A |"}', "scope for 'image': expected a cloud name"),
+        ("[" * 100000, "scope longer than"),
+    ],
+)
+def test_scope_errors(text: str, fragment: str) -> None:
+    with pytest.raises(ScopeError) as info:
+        Scope.parse(text)
+    assert fragment in info.value.message
+
+
+def test_complete_fills_only_missing_services() -> None:
+    scope = Scope.parse('{"image": "CloudTwo"}')
+    done = scope.complete(["compute", "identity", "image"], "CloudOne")
+    assert done.to_json() == '{"compute":"CloudOne","identity":"CloudOne","image":"CloudTwo"}'
+    assert done.complete(["compute", "identity", "image"], "Elsewhere") == done
+
+
+def test_token_codec() -> None:
+    scope = Scope.parse('{"image": "CloudTwo"}')
+    value = join_token("gAAAA-token", scope)
+    assert value == 'gAAAA-token!SCOPE!{"image":"CloudTwo"}'
+    assert split_token(value) == ("gAAAA-token", '{"image":"CloudTwo"}')
+    assert split_token("gAAAA-token") == ("gAAAA-token", None)
+
+
+# ----------------------------------------------------------------- property-based tests
+
+names = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,12}", fullmatch=True)
+expressions = st.recursive(
+    names.map(Cloud),
+    lambda children: st.one_of(
+        st.lists(children, min_size=2, max_size=4).map(lambda p: AllOf(tuple(p))),
+        st.lists(children, min_size=2, max_size=4).map(lambda p: AnyOf(tuple(p))),
+    ),
+    max_leaves=12,
+)
+
+
+def _normal(expr: object) -> object:
+    """What the parser produces for a tree: nested same-operator nodes flattened."""
+    if isinstance(expr, Cloud):
+        return expr
+    kind = type(expr)
+    flat: list[object] = []
+    for part in expr.parts:  # type: ignore[attr-defined]
+        part = _normal(part)
+        flat.extend(part.parts if isinstance(part, kind) else (part,))  # type: ignore[attr-defined]
+    return kind(tuple(flat))
+
+
+@given(expressions)
+def test_format_then_parse_round_trips(expr: object) -> None:
+    text = format_expression(expr)  # type: ignore[arg-type]
+    assert parse_expression(text) == _normal(expr)
+    assert list(clouds_of(parse_expression(text))) == list(clouds_of(expr))  # type: ignore[arg-type]
+
+
+@settings(max_examples=500)
+@given(
+    st.text(alphabet=st.sampled_from(list("AB1 ()&|!_-.:\t\"'{}[]")) | st.characters(), max_size=60)
+)
+def test_random_expressions_parse_or_fail_cleanly(text: str) -> None:
+    try:
+        parse_expression(text)
+    except ScopeError as exc:
+        assert exc.message and "\n" not in exc.message
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=300)
+@given(json_values)
+def test_random_json_scopes_parse_or_fail_cleanly(value: object) -> None:
+    try:
+        scope = Scope.parse(json.dumps(value))
+    except ScopeError as exc:
+        assert exc.message
+    else:
+        assert Scope.parse(scope.to_json()) == scope
+
+
+@settings(max_examples=300)
+@given(st.text(max_size=200))
+def test_random_text_scopes_parse_or_fail_cleanly(text: str) -> None:
+    try:
+        Scope.parse(text)
+    except ScopeError as exc:
+        assert exc.message
