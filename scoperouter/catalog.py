@@ -112,6 +112,9 @@ class Cloud:
     frontends: tuple[Frontend, ...]
     proxy_listen: tuple[str, int] | None
     endpoints: tuple[Endpoint, ...]
+    # How this cloud's router authenticates in other clouds: remote cloud -> the name of a
+    # clouds.yaml entry (secrets stay in clouds.yaml/secure.yaml, never in this file).
+    credentials: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +304,13 @@ class _Loader:
             str(name): self.cloud(str(name), body, f"clouds.{name}")
             for name, body in clouds_doc.items()
         }
+        for cloud in clouds.values():
+            for remote in cloud.credentials:
+                if remote not in clouds or remote == cloud.name:
+                    raise ConfigError(
+                        f"clouds.{cloud.name}.credentials.{remote}",
+                        "must be another cloud of this federation",
+                    )
         return Catalog(clouds, settings)
 
     def settings(self, data: Any, where: str) -> Settings:
@@ -337,7 +347,7 @@ class _Loader:
             data,
             where,
             required={"frontends", "services"},
-            allowed={"region", "frontends", "proxy", "services"},
+            allowed={"region", "frontends", "proxy", "services", "credentials"},
         )
         region = doc.get("region", name)
         if not isinstance(region, str) or not region:
@@ -373,7 +383,16 @@ class _Loader:
                 )
         if not endpoints:
             raise ConfigError(f"{where}.services", "at least one service endpoint is required")
-        return Cloud(name, region, frontends, proxy_listen, tuple(endpoints))
+        credentials = {
+            str(k): v
+            for k, v in self._mapping(doc.get("credentials") or {}, f"{where}.credentials").items()
+        }
+        for remote, entry in credentials.items():
+            if not isinstance(entry, str) or not entry:
+                raise ConfigError(
+                    f"{where}.credentials.{remote}", "must name a clouds.yaml entry (a string)"
+                )
+        return Cloud(name, region, frontends, proxy_listen, tuple(endpoints), credentials)
 
     def frontend(self, data: Any, where: str) -> Frontend:
         doc = self._mapping(data, where, required={"url"}, allowed={"url", "listen", "tls"})

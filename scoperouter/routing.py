@@ -44,6 +44,7 @@ from scoperouter.scope import (
 )
 
 AUTH_TOKEN = "x-auth-token"
+SERVICE_TOKEN = "x-service-token"
 SUBJECT_TOKEN = "x-subject-token"
 SCOPE_HEADER = "x-scope"
 HOPS_HEADER = "x-scope-hops"
@@ -75,6 +76,15 @@ class Forward:
     set_headers: Mapping[str, str] = field(default_factory=dict)
     remove_headers: frozenset[str] = frozenset()
     scope: Scope | None = None
+    # Cross-cloud identity (applied by the proxy, which does the I/O):
+    # headers carrying a token of THIS cloud's service that the target cloud never issued; the
+    # router checks each is a valid local service token, then replaces it with its own token for
+    # the target cloud (X-Service-Token of nova -> glance; X-Auth-Token of a token validation).
+    swap_tokens: frozenset[str] = frozenset()
+    # A token validation answered by another cloud's keystone: its catalog lists that cloud's
+    # region only; the proxy adds this region's name to each endpoint so local services, which
+    # filter the catalog by their own region, find the endpoints (no OpenStack code patched).
+    catalog_region: str | None = None
 
     def describe(self) -> str:
         where = "remote router" if self.remote else "local backend"
@@ -119,7 +129,7 @@ def decide(facts: RequestFacts, catalog: Catalog, local_cloud: str) -> Decision:
     )
     token, scope_text, source = _find_scope(headers, endpoint.service_type)
     if scope_text is None:
-        return _unscoped(match, catalog, local_cloud, hops, subject_edit)
+        return _unscoped(match, catalog, local_cloud, hops, subject_edit, headers)
 
     try:
         scope = _parse_scope(scope_text)
@@ -172,6 +182,7 @@ def decide(facts: RequestFacts, catalog: Catalog, local_cloud: str) -> Decision:
     if hops + 1 > catalog.settings.hop_limit:
         return _loop(hops, catalog)
     set_headers[HOPS_HEADER] = str(hops + 1)
+    swaps, region = _identity_edits(headers, service_type, catalog, local_cloud)
     return Forward(
         target,
         service_type,
@@ -181,6 +192,8 @@ def decide(facts: RequestFacts, catalog: Catalog, local_cloud: str) -> Decision:
         set_headers,
         frozenset(),
         completed,
+        swap_tokens=swaps,
+        catalog_region=region,
     )
 
 
@@ -225,7 +238,12 @@ def _clouds(catalog: Catalog) -> str:
 
 
 def _unscoped(
-    match: Match, catalog: Catalog, local_cloud: str, hops: int, subject_edit: dict[str, str]
+    match: Match,
+    catalog: Catalog,
+    local_cloud: str,
+    hops: int,
+    subject_edit: dict[str, str],
+    headers: Mapping[str, str],
 ) -> Decision:
     """No scope: deliver where the client addressed it, touching nothing but the hop count
     (and a scope left on X-Subject-Token)."""
@@ -242,6 +260,7 @@ def _unscoped(
         )
     if hops + 1 > catalog.settings.hop_limit:
         return _loop(hops, catalog)
+    swaps, region = _identity_edits(headers, endpoint.service_type, catalog, local_cloud)
     return Forward(
         endpoint.cloud,
         endpoint.service_type,
@@ -249,7 +268,29 @@ def _unscoped(
         True,
         match.target_base(endpoint.url) + match.rest,
         set_headers={**subject_edit, HOPS_HEADER: str(hops + 1)},
+        swap_tokens=swaps,
+        catalog_region=region,
     )
+
+
+def _identity_edits(
+    headers: Mapping[str, str], service_type: str, catalog: Catalog, local_cloud: str
+) -> tuple[frozenset[str], str | None]:
+    """For a request leaving this cloud: which tokens to swap, and whether to rewrite the
+    catalog region of a token validation's answer (see Forward.swap_tokens/catalog_region)."""
+    swaps: set[str] = set()
+    region = None
+    if SERVICE_TOKEN in headers:
+        swaps.add(SERVICE_TOKEN)
+    subject = headers.get(SUBJECT_TOKEN)
+    auth = headers.get(AUTH_TOKEN)
+    if service_type == IDENTITY and subject is not None and auth is not None:
+        # A local service (keystonemiddleware) validating a token another cloud issued: its own
+        # token means nothing there. A client validating its own token needs no swap.
+        if split_token(auth)[0] != split_token(subject)[0]:
+            swaps.add(AUTH_TOKEN)
+        region = catalog.clouds[local_cloud].region
+    return frozenset(swaps), region
 
 
 def _no_service(facts: RequestFacts, local_cloud: str) -> Reject:

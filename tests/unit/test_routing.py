@@ -202,3 +202,47 @@ def test_decision_is_independent_of_cloud_count() -> None:
     cat = build_catalog(data)
     d = forward(cat, facts(x_scope='{"image": "C150"}'))
     assert d.url == "http://127.2.0.151:9292/v2/images"
+
+
+# ----------------------------------------------------------------- cross-cloud identity
+
+
+def test_token_validation_leaving_the_cloud_swaps_the_service_token(catalog: Catalog) -> None:
+    """keystonemiddleware of CloudTwo's glance validates a CloudOne user's token."""
+    f = facts(
+        "/v3/auth/tokens",
+        5000,
+        host="127.0.0.3",
+        mode="forward",
+        x_auth_token="glance-service-token",
+        x_subject_token=f"user-token!SCOPE!{FULL}",
+    )
+    d = forward(catalog, f, cloud="CloudTwo")
+    assert (d.cloud, d.remote, d.url) == ("CloudOne", True, "http://127.0.0.2:5000/v3/auth/tokens")
+    assert d.swap_tokens == {"x-auth-token"}
+    assert d.catalog_region == "CloudTwo"
+    assert d.set_headers["x-subject-token"] == "user-token"
+
+
+def test_self_validation_needs_no_swap(catalog: Catalog) -> None:
+    f = facts(
+        "/v3/auth/tokens",
+        5000,
+        x_auth_token="t",
+        x_subject_token='t!SCOPE!{"identity": "CloudTwo"}',
+    )
+    d = forward(catalog, f)
+    assert d.remote and d.swap_tokens == frozenset() and d.catalog_region == "CloudOne"
+
+
+def test_service_token_is_swapped_only_when_leaving(catalog: Catalog) -> None:
+    scoped = 'u!SCOPE!{"image": "CloudTwo"}'
+    d = forward(catalog, facts(mode="forward", x_auth_token=scoped, x_service_token="nova-token"))
+    assert d.remote and d.swap_tokens == {"x-service-token"} and d.catalog_region is None
+    local = 'u!SCOPE!{"image": "CloudOne"}'
+    d = forward(catalog, facts(mode="forward", x_auth_token=local, x_service_token="nova-token"))
+    assert not d.remote and d.swap_tokens == frozenset()
+    d = forward(
+        catalog, facts(mode="forward", host="127.0.0.3", x_auth_token="u", x_service_token="s")
+    )
+    assert d.remote and d.swap_tokens == {"x-service-token"}  # unscoped, still leaving
