@@ -165,6 +165,7 @@ class Catalog:
     _by_target: dict[tuple[str, str, str], Endpoint] = field(init=False, repr=False, compare=False)
     _cloud_at: dict[tuple[str, int], str] = field(init=False, repr=False, compare=False)
     service_types: frozenset[str] = field(init=False, compare=False)
+    _types_of: dict[str, frozenset[str]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         by_location: dict[tuple[str, int], dict[str, tuple[Endpoint, str, bool]]] = {}
@@ -191,6 +192,12 @@ class Catalog:
         object.__setattr__(self, "_by_target", by_target)
         object.__setattr__(self, "_cloud_at", cloud_at)
         object.__setattr__(self, "service_types", frozenset(st for _, st, _ in by_target))
+        types_of: dict[str, set[str]] = {}
+        for cloud_name, service_type, _ in by_target:
+            types_of.setdefault(cloud_name, set()).add(service_type)
+        object.__setattr__(
+            self, "_types_of", {name: frozenset(types) for name, types in types_of.items()}
+        )
 
     def match(self, host: str, port: int, path: str) -> Match | None:
         """The endpoint whose URL is the longest segment prefix of `path` at host:port."""
@@ -215,6 +222,10 @@ class Catalog:
         if found is None and interface != "public":
             found = self._by_target.get((cloud, service_type, "public"))
         return found
+
+    def service_types_of(self, cloud: str) -> frozenset[str]:
+        """The service types `cloud` offers."""
+        return self._types_of.get(cloud, frozenset())
 
     def cloud_at(self, host: str, port: int) -> str | None:
         """Which cloud a frontend or backend host:port belongs to (for error messages)."""

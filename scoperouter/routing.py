@@ -139,9 +139,12 @@ def decide(facts: RequestFacts, catalog: Catalog, local_cloud: str) -> Decision:
     if problem is not None:
         return Reject(400, f"invalid scope in {source}: {problem}")
 
-    completed, completed_json = _complete(scope, catalog.service_types, local_cloud)
+    # Complete only with what this cloud offers: naming it for a service it lacks would make
+    # the next router refuse the scope.
+    completed, completed_json = _complete(scope, catalog.service_types_of(local_cloud), local_cloud)
     service_type = endpoint.service_type
-    expr = completed[service_type]
+    # A service neither the scope nor this cloud names: the cloud the client addressed.
+    expr = completed.get(service_type) or Cloud(endpoint.cloud)
     if not isinstance(expr, Cloud):
         return Reject(
             501,

@@ -246,3 +246,37 @@ def test_service_token_is_swapped_only_when_leaving(catalog: Catalog) -> None:
         catalog, facts(mode="forward", host="127.0.0.3", x_auth_token="u", x_service_token="s")
     )
     assert d.remote and d.swap_tokens == {"x-service-token"}  # unscoped, still leaving
+
+
+def _small_cloud_catalog() -> Catalog:
+    """CloudOne without placement: its router must not name itself for placement."""
+    data: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
+    del data["clouds"]["CloudOne"]["services"]["placement"]
+    data["clouds"]["CloudOne"]["frontends"].pop()
+    return build_catalog(data)
+
+
+def test_completion_names_only_services_the_local_cloud_offers() -> None:
+    cat = _small_cloud_catalog()
+    d = forward(cat, facts(x_scope='{"image": "CloudTwo"}'))
+    assert "placement" not in d.set_headers["x-scope"]
+    # ... so CloudTwo's router accepts the completed scope
+    nxt = facts(host="127.0.0.3", x_scope=d.set_headers["x-scope"], x_scope_hops="1")
+    assert forward(cat, nxt, cloud="CloudTwo").remote is False
+
+
+def test_unnamed_service_the_local_cloud_lacks_goes_where_addressed() -> None:
+    cat = _small_cloud_catalog()
+    f = facts(
+        "/resource_providers",
+        8778,
+        host="127.0.0.3",
+        mode="forward",
+        x_auth_token='t!SCOPE!{"image": "CloudOne"}',
+    )
+    d = forward(cat, f)
+    assert (d.cloud, d.remote, d.url) == (
+        "CloudTwo",
+        True,
+        "http://127.0.0.3:8778/resource_providers",
+    )
