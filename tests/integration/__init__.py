@@ -1,0 +1,1 @@
+"""Integration tests: real scoperouter processes on loopback in front of echo backends."""

@@ -1,0 +1,296 @@
+"""Small HTTP servers that stand in for OpenStack services in the integration tests and benches.
+
+* :class:`EchoBackend` answers every request with a JSON description of what it received
+  (backend name, method, path, headers, body length and sha256), reading request bodies as a
+  stream so a 100 MB upload costs no memory. ``GET <prefix>/blob/<n>`` answers ``n``
+  deterministic bytes (:func:`blob_sha256` gives their hash), written as a stream;
+  ``<prefix>/sleep/<seconds>`` answers after that long (at most 30 s).
+* :class:`SilentServer` accepts connections and never answers (a hung upstream: 504).
+* :class:`RawServer` answers every connection with fixed bytes (an invalid upstream: 502).
+
+Everything binds to loopback addresses only. Usable as a library (``EchoBackend("127.0.1.2")
+.start()``) or as a program::
+
+    python -m tests.integration.backends 127.0.1.2:5000 127.0.1.2:9292 --name CloudOne
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import http.server
+import ipaddress
+import json
+import signal
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+CHUNK = 64 * 1024
+_PATTERN = bytes(range(256)) * (CHUNK // 256 + 1)
+
+
+def blob_chunks(n: int) -> Iterator[bytes]:
+    """The deterministic content of ``/blob/<n>``: 64 KiB blocks, each rotated by its index."""
+    i = 0
+    while n > 0:
+        size = min(CHUNK, n)
+        offset = i % 256
+        yield _PATTERN[offset : offset + size]
+        n -= size
+        i += 1
+
+
+def blob_sha256(n: int) -> str:
+    digest = hashlib.sha256()
+    for chunk in blob_chunks(n):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _check_loopback(host: str) -> None:
+    if not ipaddress.ip_address(host).is_loopback:
+        raise ValueError(f"test servers bind to loopback only, not {host}")
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _EchoServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _body(self) -> tuple[int, str]:
+        """Read the request body as a stream; (length, sha256)."""
+        digest = hashlib.sha256()
+        length = 0
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass  # trailers
+                    break
+                remaining = size
+                while remaining:
+                    data = self.rfile.read(min(CHUNK, remaining))
+                    if not data:
+                        raise ConnectionError("client went away")
+                    digest.update(data)
+                    remaining -= len(data)
+                length += size
+                self.rfile.readline()
+        else:
+            remaining = int(self.headers.get("Content-Length") or 0)
+            while remaining:
+                data = self.rfile.read(min(CHUNK, remaining))
+                if not data:
+                    raise ConnectionError("client went away")
+                digest.update(data)
+                length += len(data)
+                remaining -= len(data)
+        return length, digest.hexdigest()
+
+    def _handle(self) -> None:
+        length, sha = self._body()
+        path = self.path
+        blob = path.partition("?")[0].rsplit("/blob/", 1)
+        if self.command in ("GET", "HEAD") and len(blob) == 2 and blob[1].isdigit():
+            self._send_blob(int(blob[1]))
+            return
+        sleep = path.partition("?")[0].rsplit("/sleep/", 1)
+        if len(sleep) == 2:
+            self.server.seen.append({"backend": self.server.name, "path": path, "sleeping": True})
+            time.sleep(min(float(sleep[1]), 30.0))
+        seen = {
+            "backend": self.server.name,
+            "method": self.command,
+            "path": path,
+            "headers": {k.lower(): v for k, v in self.headers.items()},
+            "body_length": length,
+            "body_sha256": sha,
+        }
+        self.server.seen.append(seen)
+        body = json.dumps(seen).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _send_blob(self, n: int) -> None:
+        self.server.seen.append(
+            {
+                "backend": self.server.name,
+                "method": self.command,
+                "path": self.path,
+                "headers": {k.lower(): v for k, v in self.headers.items()},
+            }
+        )
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(n))
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        for chunk in blob_chunks(n):
+            self.wfile.write(chunk)
+
+    do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
+
+
+class _EchoServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], name: str) -> None:
+        self.name = name
+        self.seen: deque[dict[str, Any]] = deque(maxlen=1000)
+        super().__init__(address, _Handler)
+
+
+class EchoBackend:
+    """A threaded HTTP/1.1 echo service on a loopback address (port 0: any free port)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, name: str = "backend") -> None:
+        _check_loopback(host)
+        self._server = _EchoServer((host, port), name)
+        self._thread: threading.Thread | None = None
+        self.host = host
+        self.port: int = self._server.server_address[1]
+        self.name = name
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def seen(self) -> deque[dict[str, Any]]:
+        """What the backend received, oldest first (JSON-like dicts, as it answered)."""
+        return self._server.seen
+
+    def start(self) -> EchoBackend:
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"backend {self.name}",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> EchoBackend:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class SilentServer:
+    """Accepts TCP connections but never reads from them or answers (a hung service)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        _check_loopback(host)
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self._sock.listen(64)
+        self.host = host
+        self.port: int = self._sock.getsockname()[1]
+        self._conns: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, name="silent server", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _accept(self) -> None:
+        self._sock.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self._conns.append(conn)  # kept open, never read, never answered
+
+    def start(self) -> SilentServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        for conn in self._conns:
+            conn.close()
+        self._sock.close()
+
+    def __enter__(self) -> SilentServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class RawServer(SilentServer):
+    """Answers every connection with fixed bytes (e.g. an invalid HTTP response) and closes."""
+
+    def __init__(self, reply: bytes, host: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__(host, port)
+        self.reply = reply
+
+    def _accept(self) -> None:
+        self._sock.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(2)
+                with contextlib.suppress(OSError):
+                    conn.recv(65536)
+                    conn.sendall(self.reply)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.integration.backends",
+        description="Run echo backends on loopback addresses until SIGINT/SIGTERM.",
+    )
+    parser.add_argument("listen", nargs="+", metavar="HOST:PORT", help="loopback address to serve")
+    parser.add_argument("--name", default="backend", help="name reported in the JSON answers")
+    args = parser.parse_args(argv)
+    servers = []
+    for spec in args.listen:
+        host, _, port = spec.rpartition(":")
+        backend = EchoBackend(host, int(port), name=f"{args.name}@{spec}").start()
+        servers.append(backend)
+        print(f"serving {backend.url}", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with contextlib.suppress(KeyboardInterrupt):
+        stop.wait()
+    for backend in servers:
+        backend.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
