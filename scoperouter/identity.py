@@ -211,8 +211,8 @@ class Identity:
                 logger.warning("cannot validate %s locally: %s", title, type(exc).__name__)
                 return Reject(
                     502,
-                    f"the router of {self.cloud} could not reach its keystone to check "
-                    f"{title} before forwarding to {target}",
+                    f"the router of {self.cloud} could not check {title} with its keystone "
+                    f"before forwarding to {target}",
                 )
             if not check.valid:
                 return Reject(

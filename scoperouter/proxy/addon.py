@@ -17,9 +17,11 @@ The catalog is one immutable object; :meth:`ScopeRouter.reload` swaps it whole.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Awaitable
+from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 from mitmproxy import exceptions, http
@@ -29,9 +31,11 @@ from mitmproxy.proxy import server_hooks
 
 from scoperouter.catalog import Catalog, load_catalog
 from scoperouter.errors import ConfigError, Reject, error_body
+from scoperouter.identity import Identity, add_region
 from scoperouter.proxy import upstream
 from scoperouter.proxy.listeners import Listener, listener_signature, listeners_for
 from scoperouter.routing import Forward, RequestFacts, decide
+from scoperouter.scope import split_token
 
 logger = logging.getLogger("scoperouter")
 
@@ -81,6 +85,7 @@ class ScopeRouter:
         # server_connect, which only knows the connections, can find it.
         self._current: dict[str, _FlowState] = {}
         self._own_frontends: set[tuple[str, int]] = set()
+        self.identity: Identity | None = None
 
     # ------------------------------------------------------------------ options
 
@@ -112,6 +117,7 @@ class ScopeRouter:
         self.listeners = listeners
         self._by_spec = {item.spec: item for item in listeners}
         self._own_frontends = _frontend_addresses(catalog, self.cloud)
+        self.identity = Identity(catalog, self.cloud)
         self.catalog = catalog  # one assignment: requests see the old or the new catalog
 
     # ------------------------------------------------------------------ reload
@@ -143,6 +149,8 @@ class ScopeRouter:
             for item in catalog_listeners
             if item.frontend is not None
         }
+        if self.identity is not None:
+            self.identity.update(catalog)
         self.catalog = catalog
         self.listeners = catalog_listeners
         self._by_spec = {item.spec: item for item in catalog_listeners}
@@ -151,7 +159,10 @@ class ScopeRouter:
 
     # ------------------------------------------------------------------ hooks
 
-    def requestheaders(self, flow: http.HTTPFlow) -> None:
+    def requestheaders(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        """Route the request. Synchronous on the common path; when a local service's token
+        must be swapped for another cloud (see identity.py), returns a coroutine that mitmproxy
+        awaits (keystone checks are cached, so that is rare too)."""
         request = flow.request
         path = request.path.partition("?")[0]
         if flow.client_conn.proxy_mode.type_name == "regular":  # forward proxy: absolute URL
@@ -161,11 +172,40 @@ class ScopeRouter:
         self._current[flow.client_conn.id] = state
         try:
             decision = self._decide(flow)
-            if isinstance(decision, Forward):
-                self._forward(flow, decision, state)
         except Exception:  # the router must answer, whatever happens
             logger.exception("routing failed for %s %s", state.method, state.path)
             decision = Reject(500, "the router failed to route this request (see its log)")
+        if isinstance(decision, Forward) and decision.swap_tokens and self.identity is not None:
+            return self._swap_then_apply(flow, decision, state, self.identity)
+        self._apply(flow, decision, state)
+        return None
+
+    async def _swap_then_apply(
+        self, flow: http.HTTPFlow, decision: Forward, state: _FlowState, identity: Identity
+    ) -> None:
+        headers = {
+            name: split_token(flow.request.headers[name])[0]
+            for name in decision.swap_tokens
+            if name in flow.request.headers
+        }
+        try:
+            result = await identity.swap(headers, decision.swap_tokens, decision.cloud)
+        except Exception:
+            logger.exception("token swap failed for %s %s", state.method, state.path)
+            result = Reject(500, "the router failed to carry the request's tokens (see its log)")
+        if isinstance(result, Reject):
+            self._apply(flow, result, state)
+        else:
+            edited = replace(decision, set_headers={**decision.set_headers, **result})
+            self._apply(flow, edited, state)
+
+    def _apply(self, flow: http.HTTPFlow, decision: Forward | Reject, state: _FlowState) -> None:
+        if isinstance(decision, Forward):
+            try:
+                self._forward(flow, decision, state)
+            except Exception:
+                logger.exception("routing failed for %s %s", state.method, state.path)
+                decision = Reject(500, "the router failed to route this request (see its log)")
         state.decision = decision
         if isinstance(decision, Reject):
             self._reject(flow, decision)
@@ -294,6 +334,9 @@ class ScopeRouter:
         state = flow.metadata.get(_META)
         if isinstance(state, _FlowState):
             state.stop_watches()
+            decision = state.decision
+            if isinstance(decision, Forward) and decision.catalog_region and flow.response:
+                _add_catalog_region(flow.response, decision.catalog_region)
             self._done(flow, state)
             status = flow.response.status_code if flow.response else 0
             self._log(flow, state, status)
@@ -388,6 +431,21 @@ class ScopeRouter:
             duration_ms,
             f" error={_short(flow.error.msg)!r}" if flow.error else "",
         )
+
+
+def _add_catalog_region(response: http.Response, region: str) -> None:
+    """A token validation answered by another cloud's keystone: twin its catalog endpoints into
+    this cloud's region (identity.add_region). Small JSON bodies only; anything else is left."""
+    if response.status_code != 200 or response.stream:
+        return
+    if "json" not in response.headers.get("content-type", ""):
+        return
+    try:
+        body = json.loads(response.content or b"")
+    except ValueError:
+        return
+    if isinstance(body, dict) and add_region(body, region):
+        response.content = json.dumps(body).encode()
 
 
 def _frontend_addresses(catalog: Catalog, cloud: str) -> set[tuple[str, int]]:

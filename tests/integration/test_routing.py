@@ -88,9 +88,11 @@ def test_x_scope_header_alone_routes(federation: Federation) -> None:
 
 
 def test_identity_sees_bare_tokens(federation: Federation) -> None:
+    # A client validating its own token in another cloud: no token of a local service leaves
+    # the cloud, so nothing is swapped; keystone sees both tokens without the scope.
     headers = {
         **token_headers("usertoken", '{"identity": "CloudTwo"}'),
-        "X-Subject-Token": 'subject!SCOPE!{"identity": "CloudTwo"}',
+        "X-Subject-Token": 'usertoken!SCOPE!{"identity": "CloudTwo"}',
     }
     reply = request("GET", federation.url("CloudOne", "identity", "/auth/tokens"), headers=headers)
     assert reply.status == 200
@@ -98,7 +100,24 @@ def test_identity_sees_bare_tokens(federation: Federation) -> None:
     assert seen["backend"] == "CloudTwo-identity"
     assert seen["path"] == "/v3/auth/tokens"
     assert seen["headers"]["x-auth-token"] == "usertoken"
-    assert seen["headers"]["x-subject-token"] == "subject"
+    assert seen["headers"]["x-subject-token"] == "usertoken"
+
+
+def test_foreign_token_validation_needs_a_local_service_token(federation: Federation) -> None:
+    # A token validation leaving CloudOne with another token as X-Auth-Token: the router must
+    # first check that token with CloudOne's keystone (here an echo backend, which cannot say
+    # yes), so it refuses, and the remote keystone never sees the request.
+    remote = federation.backends[("CloudTwo", "identity")]
+    before = len(remote.seen)
+    headers = {
+        "X-Auth-Token": "not-a-service-token",
+        "X-Subject-Token": 'subject!SCOPE!{"identity": "CloudTwo"}',
+    }
+    reply = request("GET", federation.url("CloudOne", "identity", "/auth/tokens"), headers=headers)
+    assert reply.status == 502
+    assert "could not check X-Auth-Token with its keystone" in reply.error_message()
+    assert "not-a-service-token" not in reply.body.decode()
+    assert len(remote.seen) == before
 
 
 def test_subject_token_is_stripped_for_other_services(federation: Federation) -> None:

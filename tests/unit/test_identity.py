@@ -109,9 +109,8 @@ def test_keystone_failure_is_502_not_a_crash(catalog: Catalog) -> None:
 
     ident = Identity(catalog, "CloudTwo", broken, lambda e: ("x", 0.0), clock=lambda: 0.0)
     result = run(ident.swap({"x-auth-token": "tok"}, frozenset({"x-auth-token"}), "CloudOne"))
-    assert (
-        isinstance(result, Reject) and result.status == 502 and "could not reach" in result.message
-    )
+    assert isinstance(result, Reject) and result.status == 502
+    assert "could not check X-Auth-Token" in result.message
 
 
 def test_token_key_hides_the_token() -> None:
