@@ -1,0 +1,110 @@
+"""The files a lab hands to its users: clouds.yaml and federation.yaml."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import yaml
+
+from scoperouter.lab.layout import SERVICE_PORTS, CloudSpec
+from scoperouter.lab.templates import Secrets
+
+
+def federation_config(rows_by_cloud: Mapping[CloudSpec, Sequence[Mapping[str, str]]]) -> dict:
+    """The federation config (docs/design.md) from live keystone endpoint lists.
+
+    Each row is one ``openstack endpoint list`` line (service_type, interface, url, region).
+    The row's URL becomes the router URL of the endpoint (rewritten onto the router frontend
+    when the catalog still points at the backend, i.e. a lab brought up without router); the
+    backend is the same URL on the cloud's backend address.
+    """
+    clouds: dict[str, dict] = {}
+    for cloud, rows in rows_by_cloud.items():
+        services: dict[str, dict[str, dict[str, str]]] = {}
+        used_types: list[str] = []
+        for row in sorted(rows, key=lambda r: (r["service_type"], r["interface"])):
+            stype = row["service_type"]
+            if stype not in SERVICE_PORTS:
+                continue
+            if row.get("region") and row["region"] != cloud.region:
+                continue
+            url = row["url"].rstrip("/")
+            front, back = cloud.frontend_url(stype), cloud.backend_url(stype)
+            if url.startswith(back):
+                url = front + url[len(back) :]
+            if not url.startswith(front):
+                raise ValueError(
+                    f"{cloud.name}: the {stype} {row['interface']} endpoint {row['url']} is "
+                    f"neither on the router ({front}) nor on the backend ({back})"
+                )
+            services.setdefault(stype, {})[row["interface"]] = {
+                "url": url,
+                "backend": back + url[len(front) :],
+            }
+            if stype not in used_types:
+                used_types.append(stype)
+        others = [c for c in rows_by_cloud if c != cloud]
+        clouds[cloud.name] = {
+            "region": cloud.region,
+            "frontends": [
+                {"url": cloud.frontend_url(t)}
+                for t in sorted(used_types, key=lambda t: SERVICE_PORTS[t][0])
+            ],
+            "proxy": {"listen": cloud.proxy_listen},
+            # clouds.yaml entries (written by the lab) of the router user of each other cloud
+            **({"credentials": {c.name: router_entry(c) for c in others}} if others else {}),
+            "services": services,
+        }
+    return {
+        "version": 1,
+        "settings": {"hop_limit": 8, "connect_timeout": 5.0, "response_timeout": 120.0},
+        "clouds": clouds,
+    }
+
+
+def router_entry(cloud: CloudSpec) -> str:
+    return f"{cloud.slug}-router"
+
+
+def clouds_config(clouds: Sequence[CloudSpec], secrets: Secrets, routed: bool) -> dict:
+    """`<cloud>` (demo user, demo project), `<cloud>-admin`, `<cloud>-router` (the user the
+    routers of the other clouds use there: service role only)."""
+    out: dict[str, dict] = {}
+    for cloud in clouds:
+        auth_url = cloud.endpoint_url("identity", routed)
+        common = {
+            "region_name": cloud.region,
+            "interface": "public",
+            "identity_api_version": 3,
+        }
+        out[cloud.slug] = {
+            "auth": {
+                "auth_url": auth_url,
+                "username": "demo",
+                "password": secrets.demo,
+                "project_name": "demo",
+                "user_domain_name": "Default",
+                "project_domain_name": "Default",
+            },
+            **common,
+        }
+        for entry, user, password, project in (
+            (f"{cloud.slug}-admin", "admin", secrets.admin, "admin"),
+            (router_entry(cloud), "scoperouter", secrets.router, "service"),
+        ):
+            out[entry] = {
+                "auth": {
+                    "auth_url": auth_url,
+                    "username": user,
+                    "password": password,
+                    "project_name": project,
+                    "user_domain_name": "Default",
+                    "project_domain_name": "Default",
+                },
+                **common,
+            }
+    return {"clouds": out}
+
+
+def dump(data: dict, header: str) -> str:
+    return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=False)

@@ -1,0 +1,147 @@
+"""The lab of real OpenStack clouds behind scoperouters, for the e2e tests.
+
+The session fixture `lab` runs `scoperouter lab up` on the lab directory ($SCOPEROUTER_LAB_DIR,
+default ~/.local/share/scoperouter/lab): a lab that is already up is only checked (seconds), a
+missing one is installed and started (minutes). A lab this session brought up is stopped at the
+end unless SCOPEROUTER_LAB_KEEP=1; its logs stay in <dir>/logs either way.
+
+These tests are slow and need root or the Debian packages, so they only run when asked for:
+`pytest -m e2e` (or SCOPEROUTER_E2E=1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from scoperouter.lab.layout import CloudSpec, LabPaths, default_dir
+from scoperouter.lab.procs import ProcessTable
+
+UP_TIMEOUT = 1800  # a cold first run (pip install of OpenStack) takes ~5 minutes
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    wanted = "e2e" in (config.getoption("-m") or "") or os.environ.get("SCOPEROUTER_E2E") == "1"
+    if wanted:
+        return
+    skip = pytest.mark.skip(reason="e2e: run with `pytest -m e2e` (brings up the OpenStack lab)")
+    for item in items:
+        if "e2e" in item.keywords:
+            item.add_marker(skip)
+
+
+@dataclass
+class Lab:
+    root: Path
+    paths: LabPaths
+    clouds: list[CloudSpec]
+    routed: bool
+    state: dict[str, Any]
+
+    @property
+    def clouds_yaml(self) -> Path:
+        return self.paths.clouds_yaml
+
+    @property
+    def openstack(self) -> str:
+        return str(self.paths.venv_bin("openstack"))
+
+    def env(self) -> dict[str, str]:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("OS_") and "proxy" not in k.lower()
+        }
+        env["OS_CLIENT_CONFIG_FILE"] = str(self.clouds_yaml)
+        return env
+
+    def osc(self, cloud: str, *args: str, json_out: bool = True, timeout: float = 300) -> Any:
+        """Run the lab's `openstack` CLI; fail the test with its stderr when it fails."""
+        argv = [self.openstack, "--os-cloud", cloud, *args]
+        if json_out:
+            argv += ["-f", "json"]
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, env=self.env(), check=False
+        )
+        if proc.returncode != 0:
+            pytest.fail(
+                f"`openstack --os-cloud {cloud} {' '.join(args)}` failed "
+                f"(exit {proc.returncode}):\n{proc.stderr[-3000:]}\nlogs: {self.paths.logs}"
+            )
+        return json.loads(proc.stdout) if json_out and proc.stdout.strip() else proc.stdout
+
+    def cloud_entry(self, name: str) -> dict[str, Any]:
+        return yaml.safe_load(self.clouds_yaml.read_text())["clouds"][name]
+
+    def process_table(self) -> ProcessTable:
+        return ProcessTable(self.paths.run)
+
+
+def _lab_root() -> Path:
+    return default_dir()
+
+
+@pytest.fixture(scope="session")
+def lab() -> Lab:
+    root = _lab_root()
+    paths = LabPaths(root)
+    was_up = _status_ok(root)
+    cmd = [sys.executable, "-m", "scoperouter.lab", "up", "--dir", str(root)]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=UP_TIMEOUT, check=False, stdin=None
+    )
+    sys.stdout.write(proc.stdout)
+    if proc.returncode != 0:
+        pytest.fail(
+            f"`{' '.join(cmd)}` failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}\n"
+            f"{proc.stderr[-4000:]}\nlogs: {paths.logs}",
+            pytrace=False,
+        )
+    state = json.loads(paths.state_file.read_text())
+    info = Lab(
+        root=root,
+        paths=paths,
+        clouds=[CloudSpec(i) for i in range(1, state["clouds"] + 1)],
+        routed=bool(state.get("routed")),
+        state=state,
+    )
+    yield info
+    if not was_up and os.environ.get("SCOPEROUTER_LAB_KEEP") != "1":
+        subprocess.run(
+            [sys.executable, "-m", "scoperouter.lab", "down", "--dir", str(root)],
+            check=False,
+            timeout=300,
+        )
+
+
+def _status_ok(root: Path) -> bool:
+    proc = subprocess.run(
+        [sys.executable, "-m", "scoperouter.lab", "status", "--dir", str(root)],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    return proc.returncode == 0
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """On failure, add the tail of each router log (and where all the logs are) to the report."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed or "e2e" not in item.keywords:
+        return
+    logs = LabPaths(_lab_root()).logs
+    parts = [f"all logs: {logs}/<cloud>/<service>.log"]
+    for router_log in sorted(logs.glob("*/router.log")):
+        lines = router_log.read_text(errors="replace").splitlines()[-15:]
+        parts.append(f"--- {router_log} (last 15 lines)\n" + "\n".join(lines))
+    report.sections.append(("lab logs", "\n".join(parts)))

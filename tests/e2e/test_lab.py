@@ -1,0 +1,289 @@
+"""Real OpenStack clouds behind scoperouters: unscoped calls work as without the router, a scope
+appended by hand to the token routes a request to another cloud, and everything listens on
+loopback only."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from scoperouter.lab.layout import SERVICE_PORTS
+
+pytestmark = pytest.mark.e2e
+
+IMAGE_MB = 8
+
+
+def _clouds(lab):
+    return [c.slug for c in lab.clouds]
+
+
+def test_lab_is_routed(lab):
+    assert lab.routed, (
+        "the lab runs without routers (`scoperouter serve` was not usable when it came up); "
+        f"see the output of `scoperouter lab up --dir {lab.root} --require-router`"
+    )
+
+
+def test_clouds_yaml_points_at_the_routers(lab):
+    for cloud in lab.clouds:
+        entry = lab.cloud_entry(cloud.slug)
+        assert entry["auth"]["auth_url"] == f"http://{cloud.front_ip}:5000/v3"
+        assert entry["region_name"] == cloud.name
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_token_issue(lab, index):
+    cloud = lab.clouds[index].slug
+    token = lab.osc(cloud, "token", "issue")
+    assert token["id"] and token["project_id"] and token["user_id"]
+
+
+def test_catalog_endpoints_are_router_frontends(lab):
+    for cloud in lab.clouds:
+        rows = lab.osc(f"{cloud.slug}-admin", "endpoint", "list")
+        types = {r["Service Type"] for r in rows}
+        assert {"identity", "image", "compute", "placement", "network"} <= types
+        for row in rows:
+            assert row["Region"] == cloud.name
+            port, path = SERVICE_PORTS[row["Service Type"]]
+            assert row["URL"] == f"http://{cloud.front_ip}:{port}{path}", row
+
+
+def test_flavor_list(lab):
+    for cloud in _clouds(lab):
+        names = [f["Name"] for f in lab.osc(cloud, "flavor", "list")]
+        assert "m1.tiny" in names
+
+
+def test_seeded_image_listed(lab):
+    for cloud in _clouds(lab):
+        images = lab.osc(cloud, "image", "list")
+        assert any(i["Name"] == "tiny" and i["Status"] == "active" for i in images), images
+
+
+def test_image_upload_download_checksum(lab, tmp_path: Path):
+    """A multi-MB image goes up and comes back byte for byte, through the router."""
+    data = os.urandom(IMAGE_MB * 2**20)
+    src = tmp_path / "upload.raw"
+    src.write_bytes(data)
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    cloud = lab.clouds[0].slug
+    created = lab.osc(
+        cloud, "image", "create", "--file", str(src), "--disk-format", "raw",
+        "--container-format", "bare", "--private", name,
+    )  # fmt: skip
+    try:
+        image = lab.osc(cloud, "image", "show", created["id"])
+        assert image["status"] == "active"
+        assert image["size"] == len(data)
+        assert image["checksum"] == hashlib.md5(data).hexdigest()
+        if image.get("os_hash_value"):
+            assert image["os_hash_value"] == hashlib.sha512(data).hexdigest()
+        out = tmp_path / "download.raw"
+        lab.osc(cloud, "image", "save", "--file", str(out), created["id"], json_out=False)
+        assert hashlib.sha256(out.read_bytes()).hexdigest() == hashlib.sha256(data).hexdigest()
+    finally:
+        lab.osc(cloud, "image", "delete", created["id"], json_out=False)
+    assert name not in [i["Name"] for i in lab.osc(cloud, "image", "list")]
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_server_create_list_delete(lab, index):
+    cloud = lab.clouds[index].slug
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    server = lab.osc(
+        cloud, "server", "create", "--image", "tiny", "--flavor", "m1.tiny", "--nic", "none",
+        "--wait", name, timeout=300,
+    )  # fmt: skip
+    try:
+        assert server["status"] == "ACTIVE", server
+        listed = {s["Name"]: s for s in lab.osc(cloud, "server", "list")}
+        assert listed[name]["Status"] == "ACTIVE"
+        assert listed[name]["Image"] == "tiny"
+    finally:
+        lab.osc(cloud, "server", "delete", "--wait", server["id"], json_out=False, timeout=300)
+    assert name not in [s["Name"] for s in lab.osc(cloud, "server", "list")]
+
+
+def _get(url: str, token: str, timeout: float = 60) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers={"X-Auth-Token": token, "Accept": "application/json"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def test_scope_by_hand_lists_the_other_clouds_images(lab):
+    """`X-Auth-Token: <tok>!SCOPE!{"image":"CloudTwo"}` sent to CloudOne's image frontend
+    answers with CloudTwo's images."""
+    one, two = lab.clouds[0], lab.clouds[1]
+    tiny_one, tiny_two = _tiny_id(lab, one.slug), _tiny_id(lab, two.slug)
+    images_two = {i["ID"] for i in lab.osc(two.slug, "image", "list", "--public")}
+    token = lab.osc(one.slug, "token", "issue")["id"]
+    scoped = f'{token}!SCOPE!{{"image":"{two.name}"}}'
+    status, body = _get(f"http://{one.front_ip}:9292/v2/images?visibility=public", scoped)
+    assert status == 200, f"{status}: {body[:800]!r}"
+    ids = {i["id"] for i in json.loads(body)["images"]}
+    # CloudOne's user sees CloudTwo's public images (the seeded tiny), none of CloudOne's
+    assert ids == images_two
+    assert tiny_two in ids and tiny_one not in ids
+    # and without the scope, the same call stays in CloudOne
+    status, body = _get(f"http://{one.front_ip}:9292/v2/images?visibility=public", token)
+    assert status == 200
+    assert tiny_one in {i["id"] for i in json.loads(body)["images"]}
+
+
+def _tiny_id(lab, cloud: str) -> str:
+    found = [i["ID"] for i in lab.osc(cloud, "image", "list", "--name", "tiny")]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_scope_with_keystoneauth_session(lab):
+    """The same with a keystoneauth session (the token in an explicit header) and openstacksdk
+    for the reference listing."""
+    pytest.importorskip("keystoneauth1")
+    pytest.importorskip("openstack")
+    from keystoneauth1 import session as ks_session
+    from keystoneauth1.identity import v3
+
+    one, two = lab.clouds[0], lab.clouds[1]
+    from openstack import config as os_config
+    from openstack import connection
+
+    cfg = os_config.OpenStackConfig(config_files=[str(lab.clouds_yaml)], load_envvars=False)
+    conn_two = connection.Connection(config=cfg.get_one(cloud=two.slug))
+    expected = {img.id for img in conn_two.image.images(visibility="public")}
+    auth = lab.cloud_entry(one.slug)["auth"]
+    sess = ks_session.Session(
+        auth=v3.Password(
+            auth_url=auth["auth_url"], username=auth["username"], password=auth["password"],
+            project_name=auth["project_name"], user_domain_name="Default",
+            project_domain_name="Default",
+        )
+    )  # fmt: skip
+    token = sess.get_token()
+    resp = sess.get(
+        f"http://{one.front_ip}:9292/v2/images?visibility=public",
+        headers={"X-Auth-Token": f'{token}!SCOPE!{{"image": "{two.name}"}}'},
+        authenticated=False,
+        raise_exc=False,
+    )
+    assert resp.status_code == 200, resp.text[:800]
+    assert {i["id"] for i in resp.json()["images"]} == expected
+
+
+def test_unknown_cloud_in_scope_is_a_clear_400(lab):
+    one = lab.clouds[0]
+    token = lab.osc(one.slug, "token", "issue")["id"]
+    status, body = _get(
+        f"http://{one.front_ip}:9292/v2/images", f'{token}!SCOPE!{{"image":"Nowhere"}}'
+    )
+    assert status == 400, body[:500]
+    assert b"Nowhere" in body
+
+
+def _lab_pids(lab) -> dict[int, str]:
+    from scoperouter.lab.procs import group_members
+
+    pids: dict[int, str] = {}
+    for rec in lab.process_table().all():
+        if rec.alive():
+            for pid in group_members(rec.pgid) or [rec.pid]:
+                pids[pid] = rec.name
+    return pids
+
+
+def test_every_lab_process_listens_on_loopback_only(lab):
+    psutil = pytest.importorskip("psutil")
+    pids = _lab_pids(lab)
+    assert len({n for n in pids.values()}) >= 9 * len(lab.clouds) + 1
+    listening: dict[str, set[tuple[str, int]]] = {}
+    for conn in psutil.net_connections(kind="inet"):
+        if conn.status != psutil.CONN_LISTEN or conn.pid not in pids:
+            continue
+        listening.setdefault(pids[conn.pid], set()).add((conn.laddr.ip, conn.laddr.port))
+    offenders = {
+        name: sorted(addrs)
+        for name, addrs in listening.items()
+        for ip, _ in addrs
+        if not (ip.startswith("127.") or ip == "::1")
+    }
+    assert not offenders, f"lab processes listening beyond loopback: {offenders}"
+    # and the ones that must listen do, where the address plan says
+    for cloud in lab.clouds:
+        assert (cloud.back_ip, 5000) in listening.get(f"{cloud.slug}-keystone", set())
+        assert (cloud.front_ip, 3128) in listening.get(f"{cloud.slug}-router", set())
+    assert ("127.0.0.1", 5432) in listening.get("postgres", set())
+
+
+def test_status_reports_healthy(lab):
+    import sys
+
+    t = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "scoperouter.lab", "status", "--dir", str(lab.root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "healthy" in proc.stdout
+    assert time.monotonic() - t < 60
+
+
+def _call(method: str, url: str, token: str, body: dict | None = None, headers=None):
+    data = json.dumps(body).encode() if body is not None else None
+    hdrs = {"X-Auth-Token": token, "Accept": "application/json", **(headers or {})}
+    if data is not None:
+        hdrs["Content-Type"] = "application/json"
+    req = urllib.request.Request(url, data=data, method=method, headers=hdrs)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(req, timeout=120) as resp:
+            payload = resp.read()
+            return resp.status, json.loads(payload) if payload else None
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()[:1000]
+
+
+def test_server_in_cloudone_from_an_image_of_cloudtwo(lab):
+    """The headline workflow: compute in CloudOne, image in CloudTwo, the scope on the token by
+    hand. nova-api of CloudOne fetches the image from CloudTwo through the routers."""
+    one, two = lab.clouds[0], lab.clouds[1]
+    image = _tiny_id(lab, two.slug)
+    token = lab.osc(one.slug, "token", "issue")["id"]
+    scoped = f'{token}!SCOPE!{{"image":"{two.name}"}}'
+    compute = f"http://{one.front_ip}:8774/v2.1"
+    micro = {"OpenStack-API-Version": "compute 2.37", "X-OpenStack-Nova-API-Version": "2.37"}
+    name = f"e2e-x-{uuid.uuid4().hex[:8]}"
+    body = {"server": {"name": name, "imageRef": image, "flavorRef": "1", "networks": "none"}}
+    status, created = _call("POST", f"{compute}/servers", scoped, body, micro)
+    assert status == 202, f"{status}: {created!r}"
+    server_id = created["server"]["id"]
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            status, shown = _call("GET", f"{compute}/servers/{server_id}", scoped, None, micro)
+            assert status == 200, f"{status}: {shown!r}"
+            state = shown["server"]["status"]
+            if state in ("ACTIVE", "ERROR") or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        assert state == "ACTIVE", shown["server"].get("fault")
+        assert shown["server"]["image"]["id"] == image
+    finally:
+        _call("DELETE", f"{compute}/servers/{server_id}", scoped, None, micro)

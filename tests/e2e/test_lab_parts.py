@@ -1,0 +1,182 @@
+"""Parts of the lab that need no OpenStack: the generated files (checked with the router's own
+loader), the network stand-in, the process table. Fast; run with the e2e tests."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scoperouter.catalog import load_catalog
+from scoperouter.lab import files
+from scoperouter.lab.api import port_open, wait_for
+from scoperouter.lab.cli import main as lab_main
+from scoperouter.lab.infra import rabbit_password_hash
+from scoperouter.lab.layout import CloudSpec, resolve_services
+from scoperouter.lab.procs import ProcessTable, group_members
+from scoperouter.lab.templates import Secrets
+
+pytestmark = pytest.mark.e2e
+
+SECRETS = Secrets(admin="a", demo="d", service="s", db="p", rabbit="r", router="x")
+
+
+def _rows(cloud: CloudSpec, routed: bool) -> list[dict[str, str]]:
+    return [
+        {"service_type": t, "interface": "public", "url": cloud.endpoint_url(t, routed),
+         "region": cloud.name}
+        for t in ("identity", "image", "compute", "placement", "network")
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("routed", [True, False])
+def test_federation_config_loads_with_the_router_loader(tmp_path: Path, routed: bool):
+    clouds = [CloudSpec(1), CloudSpec(2), CloudSpec(3)]
+    fed = files.federation_config({c: _rows(c, routed) for c in clouds})
+    path = tmp_path / "federation.yaml"
+    path.write_text(files.dump(fed, "# test\n"))
+    catalog = load_catalog(path)
+    assert set(catalog.clouds) == {"CloudOne", "CloudTwo", "CloudThree"}
+    one = catalog.clouds["CloudOne"]
+    assert one.proxy_listen == ("127.0.0.2", 3128)
+    ep = catalog.endpoint("CloudTwo", "compute", "public")
+    assert str(ep.url) == "http://127.0.0.3:8774/v2.1"
+    assert str(ep.backend) == "http://127.0.1.3:8774/v2.1"
+    assert dict(one.credentials) == {
+        "CloudTwo": "cloudtwo-router",
+        "CloudThree": "cloudthree-router",
+    }
+    match = catalog.match("127.0.0.2", 9292, "/v2/images")
+    assert match is not None and match.endpoint.service_type == "image"
+
+
+def test_federation_config_refuses_foreign_urls():
+    cloud = CloudSpec(1)
+    rows = [{"service_type": "image", "interface": "public", "url": "http://10.0.0.1:9292",
+             "region": "CloudOne"}]  # fmt: skip
+    with pytest.raises(ValueError, match="neither on the router"):
+        files.federation_config({cloud: rows})
+
+
+def test_clouds_yaml_entries():
+    data = files.clouds_config([CloudSpec(1), CloudSpec(2)], SECRETS, routed=True)["clouds"]
+    assert set(data) == {"cloudone", "cloudone-admin", "cloudone-router", "cloudtwo",
+                         "cloudtwo-admin", "cloudtwo-router"}  # fmt: skip
+    assert data["cloudtwo"]["auth"]["auth_url"] == "http://127.0.0.3:5000/v3"
+    assert data["cloudtwo"]["region_name"] == "CloudTwo"
+    assert data["cloudone-router"]["auth"]["username"] == "scoperouter"
+    yaml.safe_dump(data)
+
+
+def test_address_plan():
+    c = CloudSpec(3)
+    assert (c.name, c.slug, c.front_ip, c.back_ip) == ("CloudThree", "cloudthree", "127.0.0.4",
+                                                       "127.0.1.4")  # fmt: skip
+    assert c.endpoint_url("identity", True) == "http://127.0.0.4:5000/v3"
+    assert c.endpoint_url("image", False) == "http://127.0.1.4:9292"
+
+
+def test_resolve_services_adds_dependencies():
+    assert resolve_services("nova") == ("keystone", "glance", "placement", "nova")
+    assert resolve_services("glance") == ("keystone", "glance")
+    with pytest.raises(ValueError, match="unknown"):
+        resolve_services("neutron")
+
+
+def test_rabbit_password_hash_format():
+    import base64
+    import hashlib
+
+    raw = base64.b64decode(rabbit_password_hash("secret", b"salt"))
+    assert raw[:4] == b"salt"
+    assert raw[4:] == hashlib.sha256(b"salt" + b"secret").digest()
+
+
+def test_help_texts(capsys):
+    for argv in (["lab", "--help"], ["lab", "up", "--help"], ["lab", "down", "--help"],
+                 ["lab", "status", "--help"]):  # fmt: skip
+        with pytest.raises(SystemExit) as exc:
+            lab_main(argv)
+        assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "--clouds" in out and "--purge" in out and "--services" in out
+
+
+def _get(url: str) -> tuple[int, dict]:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_network_stand_in_and_process_table(tmp_path: Path):
+    """Start the stand-in as the lab does, query it, stop it by its PID file."""
+    table = ProcessTable(tmp_path / "run")
+    host, port = "127.0.0.1", _free_port()
+    rec = table.start(
+        "netstub",
+        [sys.executable, "-m", "scoperouter.lab.netstub", "--listen", f"{host}:{port}"],
+        log=tmp_path / "logs" / "netstub.log",
+        fp="x",
+    )
+    try:
+        wait_for("stand-in", lambda: port_open(host, port), 20)
+        assert table.running("netstub", "x") is not None
+        assert table.running("netstub", "other") is None  # a changed definition
+        status, body = _get(f"http://{host}:{port}/v2.0/ports?device_id=abc")
+        assert (status, body) == (200, {"ports": []})
+        status, body = _get(f"http://{host}:{port}/v2.0/security-groups.json")
+        assert (status, body) == (200, {"security_groups": []})
+        status, body = _get(f"http://{host}:{port}/v2.0/networks/xyz")
+        assert status == 404 and "NeutronError" in body
+        status, body = _get(f"http://{host}:{port}/")
+        assert body["versions"][0]["id"] == "v2.0"
+        req = urllib.request.Request(f"http://{host}:{port}/v2.0/networks", data=b"{}",
+                                     method="POST")  # fmt: skip
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=5)
+        assert err.value.code == 403
+        assert group_members(rec.pgid) == [rec.pid]
+    finally:
+        assert table.stop("netstub", timeout=10) is True
+    assert not port_open(host, port)
+    assert table.get("netstub") is None
+    assert table.stop("netstub") is False  # nothing left to stop
+
+
+def test_stop_ignores_a_reused_pid(tmp_path: Path):
+    """A PID file whose process is gone (or whose PID now belongs to another process) is never
+    signalled."""
+    table = ProcessTable(tmp_path / "run")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            start_new_session=True)  # fmt: skip
+    try:
+        rec = table.start("sleeper", [sys.executable, "-c", "pass"], log=tmp_path / "s.log")
+        # forge: point the record at our unrelated sleeper, with the wrong start time
+        data = json.loads(table.path("sleeper").read_text())
+        data.update(pid=proc.pid, pgid=proc.pid, started=rec.started + 12345)
+        table.path("sleeper").write_text(json.dumps(data))
+        assert table.stop("sleeper", timeout=1) is False
+        time.sleep(0.2)
+        assert proc.poll() is None  # still alive: not ours, not signalled
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
