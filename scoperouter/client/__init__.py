@@ -35,7 +35,15 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from scoperouter.scope import Expr, Scope, ScopeError, join_token, parse_expression
+from scoperouter.scope import (
+    Cloud,
+    Expr,
+    Scope,
+    ScopeError,
+    format_expression,
+    join_token,
+    parse_expression,
+)
 
 SCOPE_ENV = "OS_SCOPE"
 SCOPE_ENV_PREFIX = "OS_SCOPE_"
@@ -83,6 +91,14 @@ class ScopedAuth:
     """
 
     def __init__(self, auth: Any, scope: Scope, default_cloud: str | None = None) -> None:
+        identity = scope.get("identity")
+        if default_cloud is not None and identity is not None and identity != Cloud(default_cloud):
+            # The token comes from the cloud the user authenticates with; keystone anywhere else
+            # would answer an opaque 401 for every request. Say so before sending anything.
+            raise ScopeError(
+                f"identity is {format_expression(identity)!r} but your credentials are for "
+                f"{default_cloud!r}: your token is valid there only; leave identity out"
+            )
         self._auth = auth
         self._scope = scope
         self._default_cloud = default_cloud

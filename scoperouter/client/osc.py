@@ -97,7 +97,12 @@ def _wrap_session(manager: Any) -> None:
     if not len(scope):
         return
     region = getattr(manager._cli_options, "region_name", None) or None
-    scoped = ScopedAuth(session.auth, scope, default_cloud=region)
+    try:
+        scoped = ScopedAuth(session.auth, scope, default_cloud=region)
+    except ScopeError as exc:
+        from osc_lib import exceptions
+
+        raise exceptions.CommandError(f"invalid --os-scope: {exc.message}") from None
     session.auth = scoped
     manager.auth = scoped
     LOG.debug("scope for this command: %s (defaults: %s)", scope.to_json(), region)

@@ -139,3 +139,10 @@ def test_openstack_cli_shows_the_option() -> None:
         timeout=60,
     )
     assert "--os-scope <scope>" in result.stdout
+
+
+def test_identity_elsewhere_than_the_credentials_is_refused() -> None:
+    with pytest.raises(ScopeError, match="credentials are for 'CloudOne'"):
+        ScopedAuth(object(), Scope.parse('{"identity": "CloudTwo"}'), default_cloud="CloudOne")
+    ok = ScopedAuth(object(), Scope.parse('{"identity": "CloudOne"}'), default_cloud="CloudOne")
+    assert ok.scope_for(["image"]).to_json() == '{"identity":"CloudOne","image":"CloudOne"}'
