@@ -126,7 +126,7 @@ class Settings:
     verify: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per request: see routing.Forward on frozen dataclasses
 class Match:
     """The endpoint a URL targets, whether it was addressed by its public URL or its backend,
     and the rest of the path after the endpoint's prefix (query string included).
@@ -165,6 +165,9 @@ class Catalog:
     _by_target: dict[tuple[str, str, str], Endpoint] = field(init=False, repr=False, compare=False)
     _cloud_at: dict[tuple[str, int], str] = field(init=False, repr=False, compare=False)
     service_types: frozenset[str] = field(init=False, compare=False)
+    # Memo for pure functions of this catalog (routing's prepared scopes). Lives and dies with
+    # the catalog, so a reload never sees answers computed for the previous config.
+    memo: dict[Any, Any] = field(init=False, repr=False, compare=False, default_factory=dict)
     _types_of: dict[str, frozenset[str]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
