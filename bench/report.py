@@ -1,0 +1,61 @@
+"""The printed table and the targets (PASS/MISS)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# Targets on the reference machine (2 cores): docs in bench/README.md.
+TARGET_RPS = 1200.0  # req/s per router process (one router, 50 connections)
+TARGET_HOP_P50_MS = 1.0  # added p50 latency per router hop at 1 connection
+TARGET_DECISION_US = 5.0  # routing decision at 1000 clouds x 10 services
+TARGET_RSS_MB = 100.0  # router RSS during the 100 MB transfers
+
+
+def mark(ok: bool | None) -> str:
+    if ok is None:
+        return "n/a"
+    return "PASS" if ok else "MISS"
+
+
+def fmt(value: float | None, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def table(headers: list[str], rows: list[list[str]], align: str | None = None) -> str:
+    """A plain-text table; `align` has one 'l' or 'r' per column (default: first l, rest r)."""
+    align = align or ("l" + "r" * (len(headers) - 1))
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+
+    def line(cells: list[str]) -> str:
+        out = []
+        for i, cell in enumerate(cells):
+            out.append(cell.ljust(widths[i]) if align[i] == "l" else cell.rjust(widths[i]))
+        return "  ".join(out).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(headers), rule, *(line(r) for r in rows)])
+
+
+@dataclass
+class Target:
+    name: str
+    goal: str
+    measured: str
+    ok: bool | None
+
+    def row(self) -> list[str]:
+        return [self.name, self.goal, self.measured, mark(self.ok)]
+
+
+def targets_table(targets: list[Target]) -> str:
+    return table(
+        ["target", "goal", "measured", "result"],
+        [t.row() for t in targets],
+        align="lllr",
+    )

@@ -1,0 +1,190 @@
+"""Fast checks of the bench's own machinery (no router needed): ``pytest bench``.
+
+Config generation, the decision cases, wrk output parsing, the asyncio backend and the Python
+load generator on loopback, large transfers against the backend, and teardown by PID.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from bench import backend, decision, federation, load, transfer
+from bench.procs import Processes, free_port, rss_mb
+from scoperouter.catalog import build_catalog, load_catalog
+from scoperouter.routing import Forward, RequestFacts, decide
+
+WRK_OUTPUT = """\
+Running 2s test @ http://127.0.0.2:40001/v2/images
+  1 threads and 50 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency    52.43ms   17.81ms 133.35ms   87.08%
+    Req/Sec     0.93k    95.21     1.05k    70.00%
+  Latency Distribution
+     50%   52.43ms
+     75%   58.10ms
+     90%   66.00ms
+     99%  133.35ms
+  1862 requests in 2.02s, 433.24KB read
+  Socket errors: connect 0, read 3, write 0, timeout 2
+  Non-2xx or 3xx responses: 7
+Requests/sec:    921.78
+Transfer/sec:    214.48KB
+BENCHJSON {"requests":1862,"duration_us":2020000,"bytes":443637,"connect":0,"read":3,\
+"write":0,"status":7,"timeout":2,"p50":52431,"p90":66002,"p99":133351,"max":133351,\
+"mean":52430.1}
+"""
+
+
+def test_parse_wrk_text() -> None:
+    figures = load.parse_wrk_text(WRK_OUTPUT)
+    assert figures["requests"] == 1862
+    assert figures["seconds"] == pytest.approx(2.02)
+    assert figures["rps"] == pytest.approx(921.78)
+    assert figures["p50_ms"] == pytest.approx(52.43)
+    assert figures["p99_ms"] == pytest.approx(133.35)
+    assert figures["mean_ms"] == pytest.approx(52.43)
+    assert figures["max_ms"] == pytest.approx(133.35)
+    assert figures["err_read"] == 3 and figures["err_timeout"] == 2
+    assert figures["err_status"] == 7
+
+
+def test_wrk_units() -> None:
+    assert load._ms("812.00us") == pytest.approx(0.812)
+    assert load._ms("1.50s") == pytest.approx(1500)
+    assert load._ms("2.00m") == pytest.approx(120_000)
+    with pytest.raises(ValueError):
+        load._ms("fast")
+
+
+def test_benchjson_result() -> None:
+    data = load.parse_benchjson(WRK_OUTPUT)
+    assert data is not None
+    result = load._result("wrk", 50, data)
+    assert result.rps == pytest.approx(1862 / 2.02)
+    assert result.p50_ms == pytest.approx(52.431)
+    assert result.errors == {"read": 3, "status": 7, "timeout": 2}
+    assert result.error_count == 12
+
+
+def _addresses() -> list[federation.CloudAddresses]:
+    return [
+        federation.CloudAddresses(
+            name,
+            federation.ROUTER_HOSTS[name],
+            41001 + i * 10,
+            41002 + i * 10,
+            41003 + i * 10,
+            federation.BACKEND_HOSTS[name],
+            42001 + i * 10,
+            42002 + i * 10,
+        )
+        for i, name in enumerate(federation.CLOUDS)
+    ]
+
+
+def test_two_clouds_config_routes_as_the_bench_expects(tmp_path: Path) -> None:
+    addresses = _addresses()
+    path = federation.write_config(federation.two_clouds(addresses), tmp_path / "f.yaml")
+    catalog = load_catalog(path)
+    one, two = addresses
+    scope = json.dumps({"image": "CloudTwo"})
+    headers = {"x-auth-token": f"tok!SCOPE!{scope}", "x-scope": scope}
+    facts = RequestFacts("GET", "http", one.router_host, one.image_port, "/v2/images", headers)
+    first = decide(facts, catalog, "CloudOne")
+    assert isinstance(first, Forward) and first.remote
+    assert first.url == f"http://{two.router_host}:{two.image_port}/v2/images"
+    # ... and CloudTwo's router, receiving what CloudOne's sends, delivers to its backend.
+    facts2 = RequestFacts(
+        "GET", "http", two.router_host, two.image_port, "/v2/images", dict(first.set_headers)
+    )
+    second = decide(facts2, catalog, "CloudTwo")
+    assert isinstance(second, Forward) and not second.remote
+    assert second.url == f"http://{two.backend_host}:{two.small_port}/v2/images"
+    # The large bodies go to the object-store backend (bench.httpserver).
+    scope = json.dumps({"object-store": "CloudTwo"})
+    facts3 = RequestFacts(
+        "PUT", "http", one.router_host, one.object_port, "/v1/AUTH_x/c/o", {"x-scope": scope}
+    )
+    third = decide(facts3, catalog, "CloudOne")
+    assert isinstance(third, Forward) and third.url.endswith(f":{two.object_port}/v1/AUTH_x/c/o")
+
+
+def test_synthetic_catalog_size() -> None:
+    catalog = build_catalog(federation.synthetic(50))
+    assert len(catalog.clouds) == 50
+    assert len(catalog.service_types) == 10
+
+
+def test_decision_cases_decide_what_they_say() -> None:
+    results, builds = decision.run((2, 30), iterations=200, repeats=1)
+    assert [b.clouds for b in builds] == [2, 30]
+    outcomes = {(r.clouds, r.case): r.outcome for r in results}
+    assert outcomes[(30, "scoped, image on another cloud")] == "forward to Cloud0029 remote router"
+    assert outcomes[(30, "scoped, image on this cloud")] == "forward to Cloud0000 local backend"
+    assert outcomes[(30, "unscoped (plain token)")] == "forward to Cloud0000 local backend"
+    assert outcomes[(2, "scoped, new scope (cache miss)")] == "forward to Cloud0001 remote router"
+    assert all(r.us_per_decision > 0 for r in results)
+
+
+def test_distinct_scopes_are_distinct_and_equal() -> None:
+    texts = decision.distinct_scopes("A", "B", 5000)
+    assert len(set(texts)) == 5000
+    assert {json.dumps(json.loads(t), sort_keys=True) for t in texts} == {
+        json.dumps(json.loads(texts[0]), sort_keys=True)
+    }
+
+
+@pytest.fixture
+def procs(tmp_path: Path):
+    group = Processes(tmp_path)
+    yield group
+    group.stop_all()
+
+
+def test_asyncio_backend_python_load_and_transfers(procs: Processes, tmp_path: Path) -> None:
+    host = "127.0.1.2"
+    port = free_port(host)
+    server = backend.start_asyncio(procs, [(host, port, "CloudOne")], "backend")
+    env = backend._env_with_bench()
+    result = load.run_load(
+        load.python_tool(),
+        f"http://{host}:{port}/v2/images",
+        4,
+        0.5,
+        {"X-Scope": "{}"},
+        tmp_path,
+        env,
+    )
+    assert result.requests > 50 and result.error_count == 0
+    assert 0 < result.p50_ms <= result.p99_ms
+    size = 5 * 2**20
+    up = transfer.measure(
+        "upload", "direct", host, port, {}, size, {"b": server.proc.pid}, "CloudOne"
+    )
+    assert up.ok, up.detail
+    down = transfer.measure(
+        "download", "direct", host, port, {}, size, {"b": server.proc.pid}, "CloudOne"
+    )
+    assert down.ok, down.detail
+    assert down.rss_peak_mb["b"] >= down.rss_before_mb["b"] > 0
+
+
+def test_teardown_stops_processes_and_children(procs: Processes) -> None:
+    code = (
+        "import subprocess, sys, time; "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    )
+    proc = procs.start("parent", [sys.executable, "-c", code])
+    deadline = psutil.time.time() + 10
+    while not psutil.Process(proc.pid).children() and psutil.time.time() < deadline:
+        psutil.time.sleep(0.05)
+    child = psutil.Process(proc.pid).children()[0].pid
+    procs.stop_all()
+    assert not proc.alive()
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    assert rss_mb(proc.pid) != rss_mb(proc.pid)  # nan: gone
