@@ -226,7 +226,10 @@ class SilentServer:
                 continue
             except OSError:
                 return
-            self._conns.append(conn)  # kept open, never read, never answered
+            self._handle(conn)
+
+    def _handle(self, conn: socket.socket) -> None:
+        self._conns.append(conn)  # kept open, never read, never answered
 
     def start(self) -> SilentServer:
         self._thread.start()
@@ -253,20 +256,12 @@ class RawServer(SilentServer):
         super().__init__(host, port)
         self.reply = reply
 
-    def _accept(self) -> None:
-        self._sock.settimeout(0.2)
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(2)
-                with contextlib.suppress(OSError):
-                    conn.recv(65536)
-                    conn.sendall(self.reply)
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(2)
+            with contextlib.suppress(OSError):
+                conn.recv(65536)
+                conn.sendall(self.reply)
 
 
 def main(argv: list[str] | None = None) -> int:
