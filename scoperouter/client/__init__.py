@@ -116,8 +116,12 @@ class ScopedAuth:
     def _effective_scope(self, session: Any) -> Scope:
         if self._complete is None:
             service_types: Iterable[str] = ()
-            if self._default_cloud is not None:
-                access = self._auth.get_access(session)
+            # Plugins without a catalog (keystoneauth's token_endpoint.Token, admin_token)
+            # have no get_access: only the services the scope names are set, the first
+            # router completes the rest with its cloud (the same meaning).
+            get_access = getattr(self._auth, "get_access", None)
+            if self._default_cloud is not None and get_access is not None:
+                access = get_access(session)
                 catalog = getattr(access, "service_catalog", None)
                 service_types = (catalog.get_endpoints() if catalog else {}).keys()
             self._complete = self.scope_for(service_types)

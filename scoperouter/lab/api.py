@@ -157,11 +157,28 @@ class Keystone:
     def ensure_user(self, name: str, password: str, project_id: str | None = None) -> str:
         found = self.find("users", name, domain_id="default")
         if found:
+            if not self.password_works(name, password):  # the lab's secret for it changed
+                self.call("PATCH", f"/users/{found['id']}", {"user": {"password": password}})
             return found["id"]
         user: dict[str, Any] = {"name": name, "domain_id": "default", "password": password}
         if project_id:
             user["default_project_id"] = project_id
         return self.call("POST", "/users", {"user": user})["user"]["id"]
+
+    def password_works(self, name: str, password: str) -> bool:
+        """Can user `name` (default domain) authenticate with `password`? (unscoped token)"""
+        body = {
+            "auth": {
+                "identity": {
+                    "methods": ["password"],
+                    "password": {
+                        "user": {"name": name, "domain": {"id": "default"}, "password": password}
+                    },
+                }
+            }
+        }
+        status, _, _ = request("POST", self.url + "/auth/tokens", body=body, ok=(401,))
+        return status != 401
 
     def role_id(self, name: str) -> str:
         found = self.find("roles", name)

@@ -186,8 +186,11 @@ class CloudRunner:
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(time.strftime("%Y-%m-%d %H:%M:%S\n"))
 
-    def _manage(self, argv: list[str], what: str) -> str:
-        return run(argv, self.setup_log, what=self.label(what), env=self.env(), timeout=600)
+    def _manage(self, argv: list[str], what: str, env: dict[str, str] | None = None) -> str:
+        return run(
+            argv, self.setup_log, what=self.label(what), env={**self.env(), **(env or {})},
+            timeout=600,
+        )  # fmt: skip
 
     def keystone_setup(self) -> None:
         conf = str(self.ctx.etc("keystone") / "keystone.conf")
@@ -200,10 +203,12 @@ class CloudRunner:
             self._manage([*km, "db_sync"], "keystone db_sync")
             self._manage([*km, "fernet_setup", *owner], "keystone fernet_setup")
             self._manage([*km, "credential_setup", *owner], "keystone credential_setup")
+
+        def bootstrap() -> None:
+            # idempotent; run again when the admin password changes (bootstrap resets it)
             self._manage(
                 [
                     *km, "bootstrap",
-                    "--bootstrap-password", self.ctx.secrets.admin,
                     "--bootstrap-username", "admin",
                     "--bootstrap-project-name", "admin",
                     "--bootstrap-role-name", "admin",
@@ -212,9 +217,16 @@ class CloudRunner:
                     "--bootstrap-public-url", self.cloud.endpoint_url("identity", self.ctx.routed),
                 ],
                 "keystone bootstrap",
+                # in the environment, not argv: the command line is logged (and ps shows it)
+                env={"OS_BOOTSTRAP_PASSWORD": self.ctx.secrets.admin},
             )  # fmt: skip
+            # A password reset revokes the user's tokens with one-second granularity: a token
+            # issued in the same second would be refused. Let that second pass.
+            time.sleep(1.1)
 
-        self._once("keystone-db", "keystone db sync + bootstrap", sync)
+        self._once("keystone-db", "keystone db sync", sync)
+        admin = hashlib.sha256(self.ctx.secrets.admin.encode()).hexdigest()[:12]
+        self._once(f"keystone-bootstrap-{admin}", "keystone bootstrap", bootstrap)
 
     def glance_setup(self) -> None:
         conf = str(self.ctx.etc("glance") / "glance-api.conf")

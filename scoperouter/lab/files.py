@@ -66,44 +66,52 @@ def router_entry(cloud: CloudSpec) -> str:
     return f"{cloud.slug}-router"
 
 
-def clouds_config(clouds: Sequence[CloudSpec], secrets: Secrets, routed: bool) -> dict:
+SecretsOf = Secrets | Mapping[CloudSpec, Secrets]
+
+
+def _secrets(secrets: SecretsOf, cloud: CloudSpec) -> Secrets:
+    return secrets if isinstance(secrets, Secrets) else secrets[cloud]
+
+
+def _entry(cloud: CloudSpec, routed: bool, user: str, password: str | None, project: str) -> dict:
+    auth = {
+        "auth_url": cloud.endpoint_url("identity", routed),
+        "username": user,
+        **({"password": password} if password is not None else {}),
+        "project_name": project,
+        "user_domain_name": "Default",
+        "project_domain_name": "Default",
+    }
+    return {
+        "auth": auth,
+        "region_name": cloud.region,
+        "interface": "public",
+        "identity_api_version": 3,
+    }
+
+
+def clouds_config(clouds: Sequence[CloudSpec], secrets: SecretsOf, routed: bool) -> dict:
     """`<cloud>` (demo user, demo project), `<cloud>-admin`, `<cloud>-router` (the user the
-    routers of the other clouds use there: service role only)."""
+    routers of the other clouds use there: service role only). The lab user's file: every
+    entry has the password of its own cloud only."""
     out: dict[str, dict] = {}
     for cloud in clouds:
-        auth_url = cloud.endpoint_url("identity", routed)
-        common = {
-            "region_name": cloud.region,
-            "interface": "public",
-            "identity_api_version": 3,
-        }
-        out[cloud.slug] = {
-            "auth": {
-                "auth_url": auth_url,
-                "username": "demo",
-                "password": secrets.demo,
-                "project_name": "demo",
-                "user_domain_name": "Default",
-                "project_domain_name": "Default",
-            },
-            **common,
-        }
-        for entry, user, password, project in (
-            (f"{cloud.slug}-admin", "admin", secrets.admin, "admin"),
-            (router_entry(cloud), "scoperouter", secrets.router, "service"),
-        ):
-            out[entry] = {
-                "auth": {
-                    "auth_url": auth_url,
-                    "username": user,
-                    "password": password,
-                    "project_name": project,
-                    "user_domain_name": "Default",
-                    "project_domain_name": "Default",
-                },
-                **common,
-            }
+        sec = _secrets(secrets, cloud)
+        out[cloud.slug] = _entry(cloud, routed, "demo", sec.demo, "demo")
+        out[f"{cloud.slug}-admin"] = _entry(cloud, routed, "admin", sec.admin, "admin")
+        out[router_entry(cloud)] = _entry(cloud, routed, "scoperouter", sec.router, "service")
     return {"clouds": out}
+
+
+def router_clouds_config(
+    others: Sequence[CloudSpec], secrets: SecretsOf, routed: bool
+) -> tuple[dict, dict]:
+    """clouds.yaml and secure.yaml of one router: the `<cloud>-router` entry of each other cloud
+    it reaches (its federation `credentials`), the passwords in secure.yaml only. Nothing else:
+    a router's configuration holds no admin password, of its own cloud or another."""
+    clouds = {router_entry(c): _entry(c, routed, "scoperouter", None, "service") for c in others}
+    secure = {router_entry(c): {"auth": {"password": _secrets(secrets, c).router}} for c in others}
+    return {"clouds": clouds}, {"clouds": secure}
 
 
 def dump(data: dict, header: str) -> str:

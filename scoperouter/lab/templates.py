@@ -20,12 +20,16 @@ from scoperouter.lab.layout import (
 
 @dataclass(frozen=True)
 class Secrets:
+    """The secrets one cloud's configuration uses. admin, demo, service and router are that
+    cloud's own (no cloud's files hold another cloud's admin or service password); db and
+    rabbit belong to the lab's shared PostgreSQL and RabbitMQ."""
+
     admin: str
     demo: str
     service: str
     db: str
     rabbit: str
-    router: str  # the `scoperouter` user of every cloud (service role: validates tokens)
+    router: str  # the cloud's `scoperouter` user (service role), used by the other routers
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,31 @@ def test_clouds_yaml_entries():
     yaml.safe_dump(data)
 
 
+def test_clouds_yaml_entries_have_their_own_clouds_secrets():
+    one, two = CloudSpec(1), CloudSpec(2)
+    sec = {one: SECRETS, two: Secrets(admin="A2", demo="D2", service="S2", db="p", rabbit="r",
+                                      router="X2")}  # fmt: skip
+    data = files.clouds_config([one, two], sec, routed=True)["clouds"]
+    assert data["cloudone-admin"]["auth"]["password"] == "a"
+    assert data["cloudtwo-admin"]["auth"]["password"] == "A2"
+    assert data["cloudtwo"]["auth"]["password"] == "D2"
+    assert data["cloudtwo-router"]["auth"]["password"] == "X2"
+
+
+def test_router_clouds_yaml_names_only_the_other_clouds_router_users():
+    one, two = CloudSpec(1), CloudSpec(2)
+    sec = {one: SECRETS, two: Secrets(admin="A2", demo="D2", service="S2", db="p", rabbit="r",
+                                      router="X2")}  # fmt: skip
+    clouds, secure = files.router_clouds_config([two], sec, routed=True)
+    assert set(clouds["clouds"]) == {"cloudtwo-router"}
+    auth = clouds["clouds"]["cloudtwo-router"]["auth"]
+    assert auth["username"] == "scoperouter" and "password" not in auth
+    assert auth["auth_url"] == "http://127.0.0.3:5000/v3"
+    assert secure == {"clouds": {"cloudtwo-router": {"auth": {"password": "X2"}}}}
+    text = yaml.safe_dump(clouds) + yaml.safe_dump(secure)
+    assert "A2" not in text and "D2" not in text and "S2" not in text
+
+
 def test_address_plan():
     c = CloudSpec(3)
     assert (c.name, c.slug, c.front_ip, c.back_ip) == ("CloudThree", "cloudthree", "127.0.0.4",

@@ -73,6 +73,15 @@ def test_default_cloud_fills_catalog_services() -> None:
     assert full.to_json() == '{"compute":"CloudOne","identity":"CloudOne","image":"CloudTwo"}'
 
 
+def test_default_cloud_with_a_plugin_that_has_no_catalog(echo_url: str) -> None:
+    """token_endpoint.Token has no get_access: the scope is sent as given (the first router
+    completes it), rather than failing with AttributeError."""
+    sess = ks_session.Session(auth=token_endpoint.Token(echo_url, "tok"))
+    scope_session(sess, '{"image": "CloudTwo"}', default_cloud="CloudOne")
+    seen = sess.get(echo_url).json()
+    assert seen["x-auth-token"] == 'tok!SCOPE!{"image":"CloudTwo"}'
+
+
 def test_scope_sources_json_wins_env_fills() -> None:
     env = {"OS_SCOPE_IMAGE": "CloudThree", "OS_SCOPE_OBJECT_STORE": "A | B", "PATH": "/bin"}
     scope = scope_from_sources('{"image": "CloudTwo"}', env)
