@@ -418,18 +418,36 @@ class Lab:
     def _print_next_steps(self) -> None:
         c1 = self.clouds[0]
         other = self.clouds[1] if len(self.clouds) > 1 else c1
-        venv_bin = self.paths.venv / "bin"
-        image_front = c1.endpoint_url("image", self.routed)
+        # The openstack CLI installed beside scoperouter carries the --os-scope plugin; the lab
+        # venv's (for the services) does not.
+        ours = shutil.which("openstack", path=str(Path(sys.executable).parent))
+        cli = ours or str(self.paths.venv / "bin" / "openstack")
+        scope = f'{{"image": "{other.name}"}}'
+        if ours:
+            tiny = f"$({cli} --os-cloud {other.slug} image show tiny -f value -c id)"
+            scoped_lines = [
+                f"  {cli} --os-cloud {c1.slug} --os-scope '{scope}' image list",
+                f"  # the headline: a server in {c1.name} booted from an image of {other.name}",
+                f"  {cli} --os-cloud {c1.slug} --os-scope '{scope}' \\",
+                f"      server create --image {tiny} --flavor m1.tiny --nic none vm2 --wait",
+            ]
+        else:
+            image_front = c1.endpoint_url("image", self.routed)
+            scoped_lines = [
+                "  # (pip install 'scoperouter[client]' adds --os-scope to the openstack CLI)",
+                f"  TOKEN=$({cli} --os-cloud {c1.slug} token issue -f value -c id)",
+                f"  curl -s -H \"X-Auth-Token: $TOKEN\"'!SCOPE!{scope.replace(' ', '')}' "
+                f"{image_front}/v2/images",
+            ]
+        scoped = "\n".join(scoped_lines)
         print(
             f"""
 Next:
   export OS_CLIENT_CONFIG_FILE={self.paths.clouds_yaml}
-  export PATH={venv_bin}:$PATH          # the openstack CLI of the lab
-  openstack --os-cloud {c1.slug} image list
-  openstack --os-cloud {c1.slug} server create --image tiny --flavor m1.tiny --nic none vm1 --wait
-  # a scoped call: enter {c1.name}, list the images of {other.name}
-  TOKEN=$(openstack --os-cloud {c1.slug} token issue -f value -c id)
-  curl -s -H "X-Auth-Token: $TOKEN"'!SCOPE!{{"image":"{other.name}"}}' {image_front}/v2/images
+  {cli} --os-cloud {c1.slug} image list
+  {cli} --os-cloud {c1.slug} server create --image tiny --flavor m1.tiny --nic none vm1 --wait
+  # scoped: enter {c1.name}, use the images of {other.name}
+{scoped}
 Federation config: {self.paths.federation_yaml}
 Logs: {self.paths.logs}/<cloud>/<service>.log     Status: scoperouter lab status     Stop: scoperouter lab down"""  # noqa: E501
         )
