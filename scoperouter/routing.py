@@ -265,7 +265,9 @@ def _unscoped(
     """No scope: deliver where the client addressed it, touching nothing but the hop count
     (and a scope left on X-Subject-Token)."""
     endpoint: Endpoint = match.endpoint
-    if match.kind == "backend" or endpoint.cloud == local_cloud:
+    # Only this cloud's backends are reached directly; another cloud's service, even addressed
+    # by its backend URL, is reached through that cloud's router (its token checks, its logs).
+    if endpoint.cloud == local_cloud:
         return Forward(
             endpoint.cloud,
             endpoint.service_type,

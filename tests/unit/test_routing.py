@@ -280,3 +280,11 @@ def test_unnamed_service_the_local_cloud_lacks_goes_where_addressed() -> None:
         True,
         "http://127.0.0.3:8778/resource_providers",
     )
+
+
+def test_another_clouds_backend_is_reached_through_its_router(catalog: Catalog) -> None:
+    f = facts(mode="forward", host="127.0.1.3", x_auth_token="tok")  # CloudTwo's image backend
+    d = forward(catalog, f)
+    assert (d.cloud, d.remote, d.url) == ("CloudTwo", True, "http://127.0.0.3:9292/v2/images")
+    d = forward(catalog, facts(mode="forward", host="127.0.1.2", x_auth_token="tok"))
+    assert (d.cloud, d.remote, d.url) == ("CloudOne", False, "http://127.0.1.2:9292/v2/images")
