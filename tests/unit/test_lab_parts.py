@@ -1,5 +1,5 @@
 """Parts of the lab that need no OpenStack: the generated files (checked with the router's own
-loader), the network stand-in, the process table. Fast; run with the e2e tests."""
+loader), the network stand-in, the process table. Fast, no OpenStack: part of the default run."""
 
 from __future__ import annotations
 
@@ -23,8 +23,6 @@ from scoperouter.lab.infra import rabbit_password_hash
 from scoperouter.lab.layout import CloudSpec, resolve_services
 from scoperouter.lab.procs import ProcessTable, group_members
 from scoperouter.lab.templates import Secrets
-
-pytestmark = pytest.mark.e2e
 
 SECRETS = Secrets(admin="a", demo="d", service="s", db="p", rabbit="r", router="x")
 
