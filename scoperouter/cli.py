@@ -165,9 +165,15 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             if (cloud.proxy_listen)
             else ""
         )
+        creds = (
+            "; credentials for "
+            + ", ".join(f"{k} ({v})" for k, v in sorted(cloud.credentials.items()))
+            if cloud.credentials
+            else ""
+        )
         print(
             f"  {cloud.name} (region {cloud.region}): {', '.join(services)}; "
-            f"frontends {frontends}{proxy}"
+            f"frontends {frontends}{proxy}{creds}"
         )
     return 0
 

@@ -32,11 +32,12 @@ class FakeKeystone:
 def make(
     catalog: Catalog, keystone: FakeKeystone, now: list[float], creds: bool = True
 ) -> Identity:
-    clouds = dict(catalog.clouds)
-    if creds:
-        from dataclasses import replace
+    """CloudTwo's identity, with credentials for CloudOne or (creds=False) none at all."""
+    from dataclasses import replace
 
-        clouds["CloudTwo"] = replace(clouds["CloudTwo"], credentials={"CloudOne": "two-at-one"})
+    clouds = dict(catalog.clouds)
+    credentials = {"CloudOne": "two-at-one"} if creds else {}
+    clouds["CloudTwo"] = replace(clouds["CloudTwo"], credentials=credentials)
     cat = Catalog(clouds, catalog.settings)
     return Identity(cat, "CloudTwo", keystone.validate, keystone.fetch, clock=lambda: now[0])
 
