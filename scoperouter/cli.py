@@ -277,6 +277,8 @@ def render_decision(
                 "target": decision.url,
                 "set_headers": edits,
                 "remove_headers": removed,
+                "swap_tokens": sorted(_title(h) for h in decision.swap_tokens),
+                "catalog_region": decision.catalog_region,
             }
         )
     lines = [
@@ -290,6 +292,16 @@ def render_decision(
         lines.append(f"scope:    {decision.scope.to_json()}")
     lines.extend(f"set:      {k}: {v}" for k, v in edits.items())
     lines.extend(f"remove:   {h}" for h in removed)
+    lines.extend(
+        f"swap:     {_title(h)}: checked with {cloud}'s keystone (service role), then replaced "
+        f"by the router's own token for {decision.cloud}"
+        for h in sorted(decision.swap_tokens)
+    )
+    if decision.catalog_region:
+        lines.append(
+            f"answer:   catalog endpoints of a token validation twinned into region "
+            f"{decision.catalog_region}"
+        )
     return "\n".join(lines)
 
 

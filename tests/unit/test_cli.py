@@ -1,0 +1,120 @@
+"""The scoperouter console script: route (masking, exit codes, JSON), check-config, help."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scoperouter.cli import main
+
+from .conftest import SAMPLE
+
+CFG = str(SAMPLE)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_route_forward_masks_the_token(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "route", "--config", CFG, "--cloud", "CloudOne",
+        "-H", 'X-Auth-Token: gAAAAs3cr3t!SCOPE!{"image":"CloudTwo"}',
+        "GET", "http://127.0.0.2:9292/v2/images",
+    )  # fmt: skip
+    assert code == 0
+    assert "decision: forward to CloudTwo (its router)" in out
+    assert "target:   http://127.0.0.3:9292/v2/images" in out
+    assert "X-Auth-Token: <token>!SCOPE!{" in out
+    assert "s3cr3t" not in out
+
+
+def test_route_reject_exit_1_with_the_clients_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "route", "--config", CFG, "--cloud", "CloudOne", "--scope", '{"image": "X"}',
+        "GET", "http://127.0.0.2:9292/v2/images",
+    )  # fmt: skip
+    assert code == 1
+    assert "decision: reject 400 Bad Request" in out
+    assert "unknown cloud 'X'" in out
+
+
+def test_route_json_and_forward_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "route", "--config", CFG, "--cloud", "CloudOne", "--json",
+        "-H", "X-Service-Token: nova-s3cr3t", "--scope", '{"image": "CloudTwo"}',
+        "GET", "http://127.0.0.2:9292/v2/images/abc",
+    )  # fmt: skip
+    assert code == 0
+    data = json.loads(out)
+    assert data["mode"] == "reverse" and data["remote"] is True and data["cloud"] == "CloudTwo"
+    assert data["swap_tokens"] == ["X-Service-Token"] and "s3cr3t" not in out
+    code, out, _ = run(
+        capsys, "route", "--config", CFG, "--cloud", "CloudOne", "--json",
+        "GET", "http://10.9.9.9/anything",
+    )  # fmt: skip
+    data = json.loads(out)
+    assert (code, data["mode"], data["status"]) == (1, "forward", 403)
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--cloud", "Nowhere", "GET", "http://127.0.0.2:9292/"], "cloud 'Nowhere' is not in"),
+        (["--cloud", "CloudOne", "GET", "ftp://x/"], "is not an http(s) URL"),
+        (
+            ["--cloud", "CloudOne", "-H", "nocolon", "GET", "http://127.0.0.2:9292/"],
+            "is not 'Name: value'",
+        ),
+    ],
+)
+def test_route_usage_errors_exit_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str
+) -> None:
+    code, _, err = run(capsys, "route", "--config", CFG, *argv)
+    assert code == 2 and fragment in err
+
+
+def test_check_config_ok_and_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, _ = run(capsys, "check-config", CFG)
+    assert code == 0 and "OK (2 clouds, 8 endpoints)" in out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(SAMPLE.read_text().replace("hop_limit: 8", "hop_limit: -1"))
+    code, _, err = run(capsys, "check-config", str(bad))
+    assert code == 1
+    assert f"invalid config: {bad}: settings.hop_limit: must be a positive integer" in err
+
+
+def test_serve_needs_a_known_cloud(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "serve", "--config", CFG)
+    assert code == 2 and "--cloud is required" in err
+    code, _, err = run(capsys, "serve", "--config", CFG, "--cloud", "Nope")
+    assert code == 2 and "cloud 'Nope' is not in" in err
+
+
+def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert info.value.code == 0
+    for command in ("serve", "route", "check-config", "lab"):
+        assert command in out
+
+
+def test_route_shows_a_token_validation_leaving_the_cloud(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(
+        capsys, "route", "--config", CFG, "--cloud", "CloudTwo",
+        "-H", "X-Auth-Token: glance-s3cr3t",
+        "-H", 'X-Subject-Token: user-s3cr3t!SCOPE!{"identity":"CloudOne"}',
+        "GET", "http://127.0.0.3:5000/v3/auth/tokens",
+    )  # fmt: skip
+    assert code == 0
+    assert "swap:     X-Auth-Token: checked with CloudTwo's keystone" in out
+    assert "twinned into region CloudTwo" in out
+    assert "s3cr3t" not in out
