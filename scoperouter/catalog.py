@@ -141,10 +141,10 @@ class Match:
     rest: str
     versionless: bool = False
 
-    def target_base(self, url: URL) -> str:
-        """Where `rest` goes on `url` (another endpoint of the same service)."""
+    def target(self, url: URL) -> str:
+        """The request's URL moved onto `url` (another URL of the same service)."""
         path = strip_version(url.path) if self.versionless else url.path
-        return url.base + path
+        return url.base + path + self.rest
 
 
 _VERSION_SEGMENT = re.compile(r"/v\d+(\.\d+)?\Z")
@@ -163,7 +163,6 @@ class Catalog:
         init=False, repr=False, compare=False
     )
     _by_target: dict[tuple[str, str, str], Endpoint] = field(init=False, repr=False, compare=False)
-    _cloud_at: dict[tuple[str, int], str] = field(init=False, repr=False, compare=False)
     service_types: frozenset[str] = field(init=False, compare=False)
     # Memo for pure functions of this catalog (routing's prepared scopes). Lives and dies with
     # the catalog, so a reload never sees answers computed for the previous config.
@@ -173,13 +172,9 @@ class Catalog:
     def __post_init__(self) -> None:
         by_location: dict[tuple[str, int], dict[str, tuple[Endpoint, str, bool]]] = {}
         by_target: dict[tuple[str, str, str], Endpoint] = {}
-        cloud_at: dict[tuple[str, int], str] = {}
         for cloud in self.clouds.values():
-            for frontend in cloud.frontends:
-                cloud_at[(frontend.url.host, frontend.url.port)] = cloud.name
             for ep in cloud.endpoints:
                 by_target[(cloud.name, ep.service_type, ep.interface)] = ep
-                cloud_at.setdefault((ep.backend.host, ep.backend.port), cloud.name)
                 for kind, url in (("public", ep.url), ("backend", ep.backend)):
                     prefixes = by_location.setdefault((url.host, url.port), {})
                     prefixes[url.path] = _prefer(prefixes.get(url.path), (ep, kind, False), url)
@@ -193,7 +188,6 @@ class Catalog:
                         prefixes[bare] = (ep, kind, True)
         object.__setattr__(self, "_by_location", by_location)
         object.__setattr__(self, "_by_target", by_target)
-        object.__setattr__(self, "_cloud_at", cloud_at)
         object.__setattr__(self, "service_types", frozenset(st for _, st, _ in by_target))
         types_of: dict[str, set[str]] = {}
         for cloud_name, service_type, _ in by_target:
@@ -229,10 +223,6 @@ class Catalog:
     def service_types_of(self, cloud: str) -> frozenset[str]:
         """The service types `cloud` offers."""
         return self._types_of.get(cloud, frozenset())
-
-    def cloud_at(self, host: str, port: int) -> str | None:
-        """Which cloud a frontend or backend host:port belongs to (for error messages)."""
-        return self._cloud_at.get((host.lower(), port))
 
     def describe(self) -> str:
         """A one-line summary for logs."""

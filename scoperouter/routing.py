@@ -117,9 +117,7 @@ def _prepared_scope(text: str, catalog: Catalog, local_cloud: str) -> tuple[Scop
             else:
                 # Complete only with what this cloud offers: naming it for a service it lacks
                 # would make the next router refuse the scope.
-                completed = scope.complete(
-                    sorted(catalog.service_types_of(local_cloud)), local_cloud
-                )
+                completed = scope.complete(catalog.service_types_of(local_cloud), local_cloud)
                 prepared = (completed, completed.to_json())
         if len(memo) >= SCOPE_MEMO_SIZE:
             memo.clear()  # bounded: many distinct (possibly hostile) scopes only cost a re-parse
@@ -182,35 +180,55 @@ def decide(facts: RequestFacts, catalog: Catalog, local_cloud: str) -> Decision:
         )
         if local is None:  # _validate checked the cloud offers the service; be safe anyway
             return Reject(400, f"{local_cloud} has no {service_type} service")
-        return Forward(
-            local_cloud,
-            service_type,
-            local.interface,
-            False,
-            match.target_base(local.backend) + match.rest,
-            set_headers,
-            frozenset({HOPS_HEADER}),
-            completed,
-        )
+        return _to_backend(match, local, set_headers, completed)
 
     remote = catalog.endpoint(target, service_type, interface)
     if remote is None:
         return Reject(400, f"{target} has no {service_type} service")
+    return _to_router(match, remote, hops, set_headers, headers, catalog, local_cloud, completed)
+
+
+def _to_backend(
+    match: Match, local: Endpoint, set_headers: dict[str, str], scope: Scope | None = None
+) -> Forward:
+    """Deliver to a backend of this cloud; the hop count stays inside the federation."""
+    return Forward(
+        local.cloud,
+        local.service_type,
+        local.interface,
+        False,
+        match.target(local.backend),
+        set_headers,
+        frozenset({HOPS_HEADER}),
+        scope,
+    )
+
+
+def _to_router(
+    match: Match,
+    remote: Endpoint,
+    hops: int,
+    set_headers: dict[str, str],
+    headers: Mapping[str, str],
+    catalog: Catalog,
+    local_cloud: str,
+    scope: Scope | None = None,
+) -> Decision:
+    """Send to another cloud's router: count the hop, refuse a loop, mark identity edits."""
     if hops + 1 > catalog.settings.hop_limit:
         return _loop(hops, catalog)
-    set_headers[HOPS_HEADER] = str(hops + 1)
-    swaps, region = _identity_edits(headers, service_type, catalog, local_cloud)
+    swaps, region = _identity_edits(headers, remote.service_type, catalog, local_cloud)
     return Forward(
-        target,
-        service_type,
+        remote.cloud,
+        remote.service_type,
         remote.interface,
         True,
-        match.target_base(remote.url) + match.rest,
-        set_headers,
+        match.target(remote.url),
+        {**set_headers, HOPS_HEADER: str(hops + 1)},
         frozenset(),
-        completed,
-        swap_tokens=swaps,
-        catalog_region=region,
+        scope,
+        swaps,
+        region,
     )
 
 
@@ -268,28 +286,8 @@ def _unscoped(
     # Only this cloud's backends are reached directly; another cloud's service, even addressed
     # by its backend URL, is reached through that cloud's router (its token checks, its logs).
     if endpoint.cloud == local_cloud:
-        return Forward(
-            endpoint.cloud,
-            endpoint.service_type,
-            endpoint.interface,
-            False,
-            match.target_base(endpoint.backend) + match.rest,
-            set_headers=subject_edit,
-            remove_headers=frozenset({HOPS_HEADER}),
-        )
-    if hops + 1 > catalog.settings.hop_limit:
-        return _loop(hops, catalog)
-    swaps, region = _identity_edits(headers, endpoint.service_type, catalog, local_cloud)
-    return Forward(
-        endpoint.cloud,
-        endpoint.service_type,
-        endpoint.interface,
-        True,
-        match.target_base(endpoint.url) + match.rest,
-        set_headers={**subject_edit, HOPS_HEADER: str(hops + 1)},
-        swap_tokens=swaps,
-        catalog_region=region,
-    )
+        return _to_backend(match, endpoint, subject_edit)
+    return _to_router(match, endpoint, hops, subject_edit, headers, catalog, local_cloud)
 
 
 def _identity_edits(

@@ -36,7 +36,7 @@ def test_match_longest_prefix_and_rest(catalog: Catalog) -> None:
 def test_match_versionless_root_for_discovery(catalog: Catalog) -> None:
     m = catalog.match("127.0.0.2", 8774, "/")
     assert m is not None and m.versionless and m.endpoint.service_type == "compute"
-    assert m.target_base(m.endpoint.backend) + m.rest == "http://127.0.1.2:8774/"
+    assert m.target(m.endpoint.backend) == "http://127.0.1.2:8774/"
 
 
 def test_match_backend_urls_and_misses(catalog: Catalog) -> None:
