@@ -26,7 +26,7 @@ import logging
 import os
 from typing import Any
 
-from scoperouter.client import SCOPE_ENV, ScopedAuth, scope_from_sources
+from scoperouter.client import SCOPE_ENV, ScopedAuth, scope_from_sources, scope_session
 from scoperouter.scope import ScopeError
 
 LOG = logging.getLogger(__name__)
@@ -88,23 +88,17 @@ def _wrap_session(manager: Any) -> None:
     if session is None or isinstance(session.auth, ScopedAuth):
         return
     text = _scope_text(manager._cli_options)
-    try:
-        scope = scope_from_sources(text)
-    except ScopeError as exc:
-        from osc_lib import exceptions
-
-        raise exceptions.CommandError(f"invalid --os-scope: {exc.message}") from None
-    if not len(scope):
-        return
     region = getattr(manager._cli_options, "region_name", None) or None
     try:
-        scoped = ScopedAuth(session.auth, scope, default_cloud=region)
+        scope = scope_from_sources(text)
+        if not len(scope):
+            return
+        scope_session(session, scope, default_cloud=region)
     except ScopeError as exc:
         from osc_lib import exceptions
 
         raise exceptions.CommandError(f"invalid --os-scope: {exc.message}") from None
-    session.auth = scoped
-    manager.auth = scoped
+    manager.auth = session.auth
     LOG.debug("scope for this command: %s (defaults: %s)", scope.to_json(), region)
 
 
