@@ -18,8 +18,15 @@ from urllib.parse import urlsplit
 from scoperouter import __version__
 from scoperouter.catalog import DEFAULT_PORTS, Catalog, load_catalog
 from scoperouter.errors import ConfigError, Reject
-from scoperouter.routing import AUTH_TOKEN, SUBJECT_TOKEN, Forward, RequestFacts, decide
-from scoperouter.scope import SCOPE_SEPARATOR
+from scoperouter.routing import (
+    AUTH_TOKEN,
+    SUBJECT_TOKEN,
+    Forward,
+    RequestFacts,
+    decide,
+    header_title,
+)
+from scoperouter.scope import SCOPE_SEPARATOR, split_token
 
 DESCRIPTION = """\
 Route OpenStack API requests between federated clouds by a per-request scope.
@@ -233,8 +240,8 @@ def cmd_route(args: argparse.Namespace) -> int:
 def _mask(name: str, value: str) -> str:
     """Never print a token: keep only the scope part of token headers."""
     if name in (AUTH_TOKEN, SUBJECT_TOKEN):
-        _, sep, scope = value.partition(SCOPE_SEPARATOR)
-        return f"<token>{sep}{scope}" if sep else "<token>"
+        _, scope = split_token(value)
+        return "<token>" if scope is None else f"<token>{SCOPE_SEPARATOR}{scope}"
     return value
 
 
@@ -261,8 +268,8 @@ def render_decision(
             f"decision: reject {decision.status} {decision.title}\n"
             f"body:     {json.dumps(body)}"
         )
-    edits = {_title(k): _mask(k, v) for k, v in decision.set_headers.items()}
-    removed = sorted(_title(h) for h in decision.remove_headers)
+    edits = {header_title(k): _mask(k, v) for k, v in decision.set_headers.items()}
+    removed = sorted(header_title(h) for h in decision.remove_headers)
     if as_json:
         return json.dumps(
             {
@@ -277,7 +284,7 @@ def render_decision(
                 "target": decision.url,
                 "set_headers": edits,
                 "remove_headers": removed,
-                "swap_tokens": sorted(_title(h) for h in decision.swap_tokens),
+                "swap_tokens": sorted(header_title(h) for h in decision.swap_tokens),
                 "catalog_region": decision.catalog_region,
             }
         )
@@ -293,8 +300,8 @@ def render_decision(
     lines.extend(f"set:      {k}: {v}" for k, v in edits.items())
     lines.extend(f"remove:   {h}" for h in removed)
     lines.extend(
-        f"swap:     {_title(h)}: checked with {cloud}'s keystone (service role), then replaced "
-        f"by the router's own token for {decision.cloud}"
+        f"swap:     {header_title(h)}: checked with {cloud}'s keystone (service role), then "
+        f"replaced by the router's own token for {decision.cloud}"
         for h in sorted(decision.swap_tokens)
     )
     if decision.catalog_region:
@@ -303,10 +310,6 @@ def render_decision(
             f"{decision.catalog_region}"
         )
     return "\n".join(lines)
-
-
-def _title(header: str) -> str:
-    return "-".join(p.capitalize() for p in header.split("-"))
 
 
 if __name__ == "__main__":  # pragma: no cover

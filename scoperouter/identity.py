@@ -36,7 +36,7 @@ from typing import Any
 
 from scoperouter.catalog import Catalog, strip_version
 from scoperouter.errors import Reject
-from scoperouter.routing import AUTH_TOKEN, SERVICE_TOKEN
+from scoperouter.routing import header_title
 
 logger = logging.getLogger("scoperouter.identity")
 
@@ -45,7 +45,6 @@ TOKEN_REFRESH_MARGIN = 120.0  # seconds before expiry when the router fetches a 
 INVALID_CACHE_SECONDS = 10.0
 VALID_CACHE_SECONDS = 300.0
 CACHE_SIZE = 10_000
-_HEADER_TITLES = {AUTH_TOKEN: "X-Auth-Token", SERVICE_TOKEN: "X-Service-Token"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +200,7 @@ class Identity:
         """New values for the `swaps` headers, or the Reject the client gets."""
         edits: dict[str, str] = {}
         for header in sorted(swaps):
-            title = _HEADER_TITLES.get(header, header)
+            title = header_title(header)
             value = headers.get(header)
             if not value:
                 continue

@@ -49,6 +49,11 @@ HOPS_HEADER = "x-scope-hops"
 IDENTITY = "identity"
 
 
+def header_title(name: str) -> str:
+    """``x-service-token`` -> ``X-Service-Token``: how headers are named to humans."""
+    return "-".join(part.capitalize() for part in name.split("-"))
+
+
 # Decisions and facts are plain slotted dataclasses rather than frozen ones: they are built on
 # every request, and frozen construction costs ~1.5 us. Treat them as immutable all the same.
 @dataclass(slots=True)
