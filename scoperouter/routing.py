@@ -15,7 +15,8 @@ The rules, in order (docs/design.md has the rationale):
    the token wins when both are present. Identity requests with neither may carry it on
    ``X-Subject-Token`` (token validation goes to the cloud that issued the token).
 3. No scope: the request goes where it was addressed, unchanged.
-4. A scope is validated (every cloud and service type must exist) and completed with this
+4. A scope is validated (every cloud it names must exist and offer the services the federation
+   routes; entries for other service types are carried, not used) and completed with this
    router's cloud for the services it does not name, so "local" keeps meaning the cloud where
    the request entered the federation.
 5. The target cloud serves the request: this cloud's backend, or the other cloud's router.
@@ -258,16 +259,23 @@ def _find_scope(
 
 
 def _validate(scope: Scope, catalog: Catalog) -> str | None:
-    """Every service type and cloud the scope names must exist; None when all is well."""
+    """Every cloud the scope names must exist, and offer the service where the federation
+    routes that service type; None when all is well.
+
+    An entry for a service type the federation does not route is *carried, not used*: a
+    keystone catalog may list a service that the federation config does not (an operator adding
+    one, a test creating one), and clients complete their scope from that catalog. Refusing such
+    entries broke every scoped request of the cloud, including the one that would repair it. No
+    request of that type reaches the router's routing (it matches no catalog URL), so the entry
+    cannot change where anything goes; it travels on unchanged so that a router whose config
+    does list the type (during a rolling config change) still sees what the client meant.
+    """
     for service_type, expr in scope.items():
-        if service_type not in catalog.service_types:
-            known = ", ".join(sorted(catalog.service_types))
-            return f"unknown service type {service_type!r} (this federation has: {known})"
+        routed = service_type in catalog.service_types
         for name in clouds_of(expr):
-            cloud = catalog.clouds.get(name)
-            if cloud is None:
+            if name not in catalog.clouds:
                 return f"unknown cloud {name!r} for {service_type!r} (known: {_clouds(catalog)})"
-            if catalog.endpoint(name, service_type, "public") is None:
+            if routed and catalog.endpoint(name, service_type, "public") is None:
                 return f"cloud {name!r} has no {service_type!r} service"
     return None
 

@@ -151,10 +151,11 @@ def test_forward_mode_catalog_destinations(catalog: Catalog) -> None:
             "invalid scope in X-Auth-Token: scope is not valid JSON",
         ),
         (facts(x_scope='{"image": "Nowhere"}'), 400, "unknown cloud 'Nowhere' for 'image'"),
-        (facts(x_scope='{"volume": "CloudTwo"}'), 400, "unknown service type 'volume'"),
+        (facts(x_scope='{"volume": "CloudNine"}'), 400, "unknown cloud 'CloudNine' for 'volume'"),
         (facts(x_scope='{"image": "CloudTwo &"}'), 400, "expected a cloud name"),
         (facts(x_scope='{"image": "CloudTwo & CloudOne"}'), 501, "not implemented yet"),
-        (facts(x_scope='{"image": "CloudTwo", "x": "A"}'), 400, "unknown service type 'x'"),
+        (facts(x_scope='{"image": "CloudTwo", "x": "A"}'), 400, "unknown cloud 'A' for 'x'"),
+        (facts(x_scope='{"volume": "CloudTwo &"}'), 400, "scope for 'volume': expected a cloud"),
         (facts(x_scope='{"image": "CloudTwo"}', x_scope_hops="8"), 508, "routing loop"),
         (facts(x_scope_hops="²"), 400, "invalid x-scope-hops"),
         (facts(x_scope_hops="-1"), 400, "invalid x-scope-hops"),
@@ -164,6 +165,22 @@ def test_rejections(catalog: Catalog, f: RequestFacts, status: int, fragment: st
     r = reject(catalog, f)
     assert r.status == status
     assert fragment in r.message
+
+
+@pytest.mark.parametrize("mode", ["reverse", "forward"])
+def test_service_types_the_federation_does_not_route_are_carried(
+    catalog: Catalog, mode: str
+) -> None:
+    """A type only a keystone catalog lists (an operator's new service) never breaks the
+    others: routed by the known types, carried unchanged to the next hop."""
+    scope = '{"image": "CloudTwo", "dns": "CloudOne", "volume": "CloudTwo | CloudOne"}'
+    d = forward(catalog, facts(mode=mode, x_auth_token=f"tok!SCOPE!{scope}"))
+    assert (d.cloud, d.remote) == ("CloudTwo", True)
+    sent = d.set_headers["x-scope"]
+    assert '"dns":"CloudOne"' in sent and '"volume":"CloudTwo | CloudOne"' in sent
+    assert d.set_headers["x-auth-token"] == f"tok!SCOPE!{sent}"
+    d = forward(catalog, facts(x_scope='{"dns": "CloudTwo"}'))
+    assert (d.cloud, d.remote) == ("CloudOne", False)  # image: not named, local
 
 
 def test_operators_elsewhere_in_the_scope_are_fine(catalog: Catalog) -> None:
