@@ -8,9 +8,10 @@ services it does not name; a ``scope:`` mapping in a clouds.yaml cloud entry wor
 How the scope reaches the requests: OSC builds its keystoneauth session in
 ``osc_lib.clientmanager.ClientManager.setup_auth`` and offers plugins no hook after that. So this
 module wraps that one method (:func:`install`), once, at plugin load: after the original has
-built the session, its auth plugin is wrapped in :class:`scoperouter.client.ScopedAuth`. The
-scope is validated there, before any request is sent; a bad scope stops the command with one
-line saying what is wrong. Nothing else is patched; ``requests`` is untouched.
+built the session, its auth plugin is replaced by a scoped copy
+(:func:`scoperouter.client.scope_auth`). The scope is validated there, before any request is
+sent; a bad scope stops the command with one line saying what is wrong. Nothing else is
+patched; ``requests`` is untouched.
 
 Defaults: services the scope does not name are filled with the cloud's region name
 (``--os-region-name`` / clouds.yaml ``region_name``), as the OpenStackoid prototype did; the lab
@@ -21,12 +22,17 @@ cloud, which means the same thing.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 from typing import Any
 
-from scoperouter.client import SCOPE_ENV, ScopedAuth, scope_from_sources, scope_session
+from scoperouter.client import (
+    SCOPE_ENV,
+    ScopedAuth,
+    config_scope_text,
+    scope_from_sources,
+    scope_session,
+)
 from scoperouter.scope import ScopeError
 
 LOG = logging.getLogger(__name__)
@@ -71,23 +77,13 @@ def build_option_parser(parser: Any) -> Any:
     return parser
 
 
-def _scope_text(cli_options: Any) -> str | None:
-    """--os-scope / $OS_SCOPE, else a ``scope:`` mapping in the cloud's clouds.yaml entry."""
-    config = getattr(cli_options, "config", {}) or {}
-    value = config.get("scope")
-    if isinstance(value, ScopeOption):
-        return value.text
-    if isinstance(value, dict):
-        return json.dumps(value)
-    return value
-
-
 def _wrap_session(manager: Any) -> None:
     """Put the user's scope on the manager's session (idempotent)."""
     session = getattr(manager, "session", None)
     if session is None or isinstance(session.auth, ScopedAuth):
         return
-    text = _scope_text(manager._cli_options)
+    # --os-scope / $OS_SCOPE, else a ``scope:`` mapping in the cloud's clouds.yaml entry.
+    text = config_scope_text(getattr(manager._cli_options, "config", {}) or {})
     region = getattr(manager._cli_options, "region_name", None) or None
     try:
         scope = scope_from_sources(text)

@@ -77,9 +77,11 @@ region_name = {ctx.cloud.region}
 {extra}"""
 
 
-def _authtoken(ctx: CloudContext, username: str) -> str:
+def _authtoken(ctx: CloudContext, username: str, service_type: str) -> str:
     # interface = public: the lab registers public endpoints only.
     # service_token_roles_required: accept service tokens only from users with the service role.
+    # service_type: keystonemiddleware then enforces application credentials' access rules
+    # (without it keystone refuses to validate any token restricted by access rules).
     return _auth(
         ctx,
         "keystone_authtoken",
@@ -87,6 +89,7 @@ def _authtoken(ctx: CloudContext, username: str) -> str:
         f"""www_authenticate_uri = {ctx.keystone_url}
 interface = public
 service_token_roles_required = true
+service_type = {service_type}
 """,
     )
 
@@ -151,7 +154,7 @@ filesystem_store_datadir = {ctx.data("glance-tasks")}
 
 [oslo_concurrency]
 lock_path = {ctx.data("locks")}
-{_authtoken(ctx, "glance")}"""
+{_authtoken(ctx, "glance", "image")}"""
 
 
 def placement_conf(ctx: CloudContext) -> str:
@@ -163,7 +166,7 @@ connection = {ctx.db_url("placement")}
 
 [api]
 auth_strategy = keystone
-{_authtoken(ctx, "placement")}"""
+{_authtoken(ctx, "placement", "placement")}"""
 
 
 def nova_conf(ctx: CloudContext) -> str:
@@ -209,7 +212,7 @@ region_name = {c.region}
 valid_interfaces = public
 """ + "".join(
         [
-            _authtoken(ctx, "nova"),
+            _authtoken(ctx, "nova", "compute"),
             _auth(ctx, "service_user", "nova", "send_service_user_token = true\n"),
             _auth(ctx, "placement", "nova", "valid_interfaces = public\n"),
             _auth(ctx, "neutron", "nova", "valid_interfaces = public\n"),

@@ -4,6 +4,8 @@ The session fixture `lab` runs `scoperouter lab up` on the lab directory ($SCOPE
 default ~/.local/share/scoperouter/lab): a lab that is already up is only checked (seconds), a
 missing one is installed and started (minutes). A lab this session brought up is stopped at the
 end unless SCOPEROUTER_LAB_KEEP=1; its logs stay in <dir>/logs either way.
+SCOPEROUTER_LAB_REUSE=1 uses the running lab as it is (no `up`, which would restart what this
+checkout's lab code renders differently): for a checkout that shares a lab it does not own.
 
 These tests are slow and need root or the Debian packages, so they only run when asked for:
 `pytest -m e2e` (or SCOPEROUTER_E2E=1).
@@ -15,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,16 +87,29 @@ class Lab:
     def process_table(self) -> ProcessTable:
         return ProcessTable(self.paths.run)
 
+    def connect(self, cloud: str) -> Any:
+        """An openstacksdk Connection for a clouds.yaml entry of the lab (no env, no hook)."""
+        from openstack import config as os_config
+        from openstack import connection
+
+        cfg = os_config.OpenStackConfig(config_files=[str(self.clouds_yaml)], load_envvars=False)
+        return connection.Connection(config=cfg.get_one(cloud=cloud))
+
 
 def _lab_root() -> Path:
     return default_dir()
 
 
 @pytest.fixture(scope="session")
-def lab() -> Lab:
+def lab() -> Iterator[Lab]:
     root = _lab_root()
     paths = LabPaths(root)
     was_up = _status_ok(root)
+    if os.environ.get("SCOPEROUTER_LAB_REUSE") == "1":
+        if not was_up:
+            pytest.fail(f"SCOPEROUTER_LAB_REUSE=1 but the lab in {root} is not up", pytrace=False)
+        yield _lab_info(root, paths)
+        return
     cmd = [sys.executable, "-m", "scoperouter.lab", "up", "--dir", str(root)]
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=UP_TIMEOUT, check=False, stdin=None
@@ -105,21 +121,38 @@ def lab() -> Lab:
             f"{proc.stderr[-4000:]}\nlogs: {paths.logs}",
             pytrace=False,
         )
-    state = json.loads(paths.state_file.read_text())
-    info = Lab(
-        root=root,
-        paths=paths,
-        clouds=[CloudSpec(i) for i in range(1, state["clouds"] + 1)],
-        routed=bool(state.get("routed")),
-        state=state,
-    )
-    yield info
+    yield _lab_info(root, paths)
     if not was_up and os.environ.get("SCOPEROUTER_LAB_KEEP") != "1":
         subprocess.run(
             [sys.executable, "-m", "scoperouter.lab", "down", "--dir", str(root)],
             check=False,
             timeout=300,
         )
+
+
+@pytest.fixture(scope="session")
+def fed(lab: Lab) -> tuple[CloudSpec, CloudSpec, dict[str, str]]:
+    """Names, addresses and the seeded `tiny` image id of the first two clouds."""
+    if len(lab.clouds) < 2 or not lab.routed:
+        pytest.skip("needs a routed lab of at least two clouds")
+    one, two = lab.clouds[0], lab.clouds[1]
+    tiny = {}
+    for cloud in (one, two):
+        found = [i.id for i in lab.connect(cloud.slug).image.images(name="tiny")]
+        assert len(found) == 1, f"{cloud.name}: images named tiny: {found}"
+        tiny[cloud.name] = found[0]
+    return one, two, tiny
+
+
+def _lab_info(root: Path, paths: LabPaths) -> Lab:
+    state = json.loads(paths.state_file.read_text())
+    return Lab(
+        root=root,
+        paths=paths,
+        clouds=[CloudSpec(i) for i in range(1, state["clouds"] + 1)],
+        routed=bool(state.get("routed")),
+        state=state,
+    )
 
 
 def _status_ok(root: Path) -> bool:

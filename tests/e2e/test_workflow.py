@@ -65,12 +65,7 @@ def _cli(
 
 
 def _conn(lab, cloud: str):
-    """An openstacksdk Connection for a clouds.yaml entry of the lab."""
-    from openstack import config as os_config
-    from openstack import connection
-
-    cfg = os_config.OpenStackConfig(config_files=[str(lab.clouds_yaml)], load_envvars=False)
-    return connection.Connection(config=cfg.get_one(cloud=cloud))
+    return lab.connect(cloud)
 
 
 def _scoped_conn(lab, cloud: str, scope: str, region: str):
@@ -133,20 +128,6 @@ def _wait_gone(lab, cloud: str, scope: str | None, server_id: str) -> None:
             return
         time.sleep(2)
     pytest.fail(f"server {server_id} still listed {SERVER_TIMEOUT}s after delete")
-
-
-@pytest.fixture(scope="module")
-def fed(lab):
-    """Names, addresses and the seeded `tiny` image id of the first two clouds."""
-    if len(lab.clouds) < 2 or not lab.routed:
-        pytest.skip("needs a routed lab of at least two clouds")
-    one, two = lab.clouds[0], lab.clouds[1]
-    tiny = {}
-    for cloud in (one, two):
-        found = [i.id for i in _conn(lab, cloud.slug).image.images(name="tiny")]
-        assert len(found) == 1, f"{cloud.name}: images named tiny: {found}"
-        tiny[cloud.name] = found[0]
-    return one, two, tiny
 
 
 # ------------------------------------------------------ 1. image list, scope on the token
