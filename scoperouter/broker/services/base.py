@@ -1,0 +1,284 @@
+"""The contract between the broker and its services (docs/broker.md, "The service contract").
+
+A service is a plug-in: a :class:`Service` subclass registered under the entry point group
+``scoperouter.broker.services`` (``openstack-server = scoperouter.broker.services.server:
+ServerService``). The broker's API layer reads its :meth:`Service.catalog` and validates
+requests with the plans' JSON schemas; the worker calls the operation methods with an
+:class:`OperationContext` and records the :data:`Outcome`.
+
+Why passes that return an outcome, rather than one call that does everything: a provision can
+take minutes (a server booting) and the broker can be killed at any point. Each call is one
+*pass* of "look at what exists, do the next step": it must be safe to run again from the start
+(every resource tagged with the instance or binding id and looked up before it is created),
+save what it learnt with :meth:`OperationContext.save`, and return ``Pending`` to be called
+again later by any worker of any replica. Nothing waits in a pass for longer than a request to a
+cloud takes.
+
+This module holds data and interfaces only: no I/O, no framework imports.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+
+if TYPE_CHECKING:
+    from openstack.connection import Connection
+
+ENTRY_POINT_GROUP = "scoperouter.broker.services"
+
+OperationKind = Literal["provision", "update", "deprovision", "bind", "unbind"]
+JSONSchema = Mapping[str, Any]
+
+
+# ------------------------------------------------------------------------------ catalog
+
+
+@dataclass(frozen=True, kw_only=True)
+class Schemas:
+    """JSON schemas (with ``$schema``) of a plan's parameters; None: no parameters accepted."""
+
+    instance_create: JSONSchema | None = None
+    instance_update: JSONSchema | None = None
+    binding_create: JSONSchema | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanEntry:
+    """One plan of a service's catalog entry. `settings` are the service's own (e.g. the flavor
+    of a server plan), from the broker config; they are not shown to platforms."""
+
+    id: str
+    name: str
+    description: str
+    free: bool = True
+    bindable: bool | None = None
+    plan_updateable: bool | None = None
+    schemas: Schemas = field(default_factory=Schemas)
+    maintenance_info: Mapping[str, str] | None = None  # {"version": semver, "description"}
+    maximum_polling_duration: int | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CatalogEntry:
+    """A service offering, as ``GET /v2/catalog`` lists it (models.py renders the OSB JSON)."""
+
+    id: str
+    name: str
+    description: str
+    plans: tuple[PlanEntry, ...]
+    bindable: bool = True
+    plan_updateable: bool = False
+    instances_retrievable: bool = True
+    bindings_retrievable: bool = True
+    allow_context_updates: bool = False
+    binding_rotatable: bool = False
+    tags: tuple[str, ...] = ()
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- outcomes
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The operation succeeded. `result`: for a bind, the credentials (and optionally
+    ``endpoints``, ``expires_at``, ``renew_before``); otherwise optional extra data."""
+
+    description: str
+    result: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """Not finished: call again after `retry_after` seconds (from any worker)."""
+
+    description: str
+    retry_after: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The operation cannot succeed; `description` says why, for humans (last_operation)."""
+
+    description: str
+
+
+Outcome = Done | Pending | Failed
+
+
+class InvalidParameters(ValueError):
+    """A request's parameters are wrong beyond what the JSON schema says: 400 naming `field`."""
+
+    def __init__(self, field_path: str, message: str) -> None:
+        super().__init__(f"{field_path}: {message}")
+        self.field = field_path
+        self.message = message
+
+
+class LeaseLost(RuntimeError):
+    """Another worker owns the operation now (this one was too slow to renew): stop the pass."""
+
+
+# --------------------------------------------------------------------------- the clouds
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """What one cloud can still take, read through its router (placement inventories minus
+    usages, allocation ratio and reserved applied), per resource class."""
+
+    cloud: str
+    total: Mapping[str, float]  # e.g. {"VCPU": 64, "MEMORY_MB": 131072, "DISK_GB": 2000}
+    free: Mapping[str, float]
+    read_at: datetime
+
+
+class Clouds(Protocol):
+    """The federation as the broker reaches it: every call goes through a cloud's router."""
+
+    def names(self) -> tuple[str, ...]:
+        """The federation's clouds the broker has credentials for, in config order."""
+        ...
+
+    def connect(
+        self, cloud: str, *, project_id: str | None = None, scope: str | None = None
+    ) -> Connection:
+        """An openstacksdk Connection entering the federation at `cloud` (its router), as the
+        broker's account, scoped to `project_id` (else the account's own project), with the
+        routing scope `scope` (JSON text) when given."""
+        ...
+
+    def capacity(self, cloud: str) -> Capacity:
+        """The cloud's free capacity (cached for a few seconds); raises when unreadable."""
+        ...
+
+    def identity_url(self, cloud: str) -> str:
+        """The public identity URL of `cloud` (its router frontend): what bindings point at."""
+        ...
+
+
+# ------------------------------------------------------------------- what a pass can see
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceView:
+    id: str
+    service_id: str
+    plan_id: str
+    parameters: Mapping[str, Any]
+    context: Mapping[str, Any]
+    cloud: str | None
+    resources: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class BindingView:
+    id: str
+    instance_id: str
+    parameters: Mapping[str, Any]
+    context: Mapping[str, Any]
+    predecessor_binding_id: str | None
+    resources: Mapping[str, Any]
+
+
+class OperationContext(abc.ABC):
+    """What the worker gives a service for one pass of one operation."""
+
+    operation_id: str
+    kind: OperationKind
+    instance: InstanceView
+    binding: BindingView | None
+    plan: PlanEntry
+    originating_identity: Mapping[str, Any] | None  # {"platform": ..., "value": {...}}
+    deadline: datetime
+    clouds: Clouds
+    log: logging.LoggerAdapter[logging.Logger]
+
+    @property
+    @abc.abstractmethod
+    def progress(self) -> Mapping[str, Any]:
+        """What earlier passes of this operation saved."""
+
+    @property
+    @abc.abstractmethod
+    def cancelled(self) -> bool:
+        """A DELETE arrived for the instance while this provision ran: stop building."""
+
+    @abc.abstractmethod
+    def save(self, **progress: Any) -> None:
+        """Merge `progress` into the operation's saved progress and commit it now (so a pass
+        that dies after this line does not redo the step). Raises LeaseLost."""
+
+    @abc.abstractmethod
+    def set_cloud(self, cloud: str) -> None:
+        """Record the cloud the instance lives in (shown in GET and metadata); commits."""
+
+    @abc.abstractmethod
+    def set_resources(self, **ids: Any) -> None:
+        """Merge OpenStack ids into the instance's (or, for bind/unbind, the binding's)
+        resources; commits. E.g. ``set_resources(project_id=..., server_id=...)``."""
+
+
+# ------------------------------------------------------------------------- the service
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A resource in a cloud that carries this broker's tag (for ``broker repair``)."""
+
+    cloud: str
+    kind: str  # "server", "project", "image", "application_credential"
+    id: str
+    instance_id: str | None
+    binding_id: str | None = None
+    name: str | None = None
+
+
+class Service(abc.ABC):
+    """A broker service. Subclasses set `name` and implement the passes; `settings` is the
+    service's section of the broker config (plans included), `clouds` the federation."""
+
+    name: ClassVar[str]
+
+    def __init__(self, settings: Mapping[str, Any], clouds: Clouds) -> None:
+        self.settings = settings
+        self.clouds = clouds
+
+    @abc.abstractmethod
+    def catalog(self) -> CatalogEntry:
+        """The offering: plans, schemas, flags. Must not call any cloud (the catalog is
+        served while clouds are down)."""
+
+    def validate(self, kind: OperationKind, plan: PlanEntry, parameters: Mapping[str, Any]) -> None:
+        """Checks beyond the plan's JSON schema (which the API applies first); raise
+        InvalidParameters. Must not call any cloud. The default accepts what the schema
+        accepts."""
+        return None
+
+    @abc.abstractmethod
+    def provision(self, op: OperationContext) -> Outcome: ...
+
+    def update(self, op: OperationContext) -> Outcome:
+        return Failed(f"{self.name} instances cannot be updated")
+
+    @abc.abstractmethod
+    def deprovision(self, op: OperationContext) -> Outcome:
+        """Remove everything tagged with the instance (also what a cancelled or failed
+        provision left); Done when nothing is left. Safe to run any number of times."""
+
+    def bind(self, op: OperationContext) -> Outcome:
+        return Failed(f"{self.name} instances are not bindable")
+
+    def unbind(self, op: OperationContext) -> Outcome:
+        return Done("nothing to remove")
+
+    def inventory(self) -> Iterable[Found]:
+        """Every resource in the clouds tagged as this service's (drift reports)."""
+        return ()
