@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 from urllib.parse import urlsplit
 
 from scoperouter import __version__
-from scoperouter.catalog import DEFAULT_PORTS, Catalog, load_catalog
+from scoperouter.catalog import DEFAULT_PORTS, Catalog
+from scoperouter.config import load_catalog
 from scoperouter.errors import ConfigError, Reject
 from scoperouter.routing import (
     AUTH_TOKEN,
     SUBJECT_TOKEN,
     Forward,
+    Mode,
     RequestFacts,
     decide,
     header_title,
@@ -70,8 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the router of one cloud",
         description="Run the router of one cloud: a reverse proxy on each of the cloud's "
         "frontends and, if the config gives proxy.listen, a forward proxy for the cloud's "
-        "services (HTTP_PROXY). SIGHUP reloads the config; an invalid new config is refused "
-        "and the old one keeps routing.",
+        "services (HTTP_PROXY), in --workers processes on the same ports. SIGHUP reloads the "
+        "config without dropping connections (an invalid new config is refused and the old "
+        "one keeps routing); SIGTERM stops accepting and lets requests in flight finish. With "
+        "metrics.listen in the config, /metrics (Prometheus) and /healthz are served there.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     serve.add_argument("--config", required=True, metavar="FILE", help="federation config (YAML)")
@@ -85,10 +89,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--watch", action="store_true", help="also reload when the config file changes"
     )
     serve.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=os.cpu_count() or 1,
+        metavar="N",
+        help="worker processes sharing the listeners (SO_REUSEPORT); a dead one is replaced "
+        "(default: the number of cores, %(default)s here)",
+    )
+    serve.add_argument(
+        "--drain",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="on SIGTERM, how long requests in flight may take to finish (default %(default)s)",
+    )
+    serve.add_argument(
         "--log-level",
         default="INFO",
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="INFO logs one line per request (default)",
+    )
+    serve.add_argument(
+        "--log-format",
+        default="json",
+        choices=["json", "text"],
+        help="one JSON object per line (default), or text for a terminal",
     )
     serve.set_defaults(func=cmd_serve)
 
@@ -134,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--cloud", metavar="NAME", help="also check that this cloud is defined")
     check.set_defaults(func=cmd_check_config)
 
+    lab_cli: ModuleType | None
     try:
         from scoperouter.lab import cli as lab_cli
     except ImportError:  # the lab is optional at import time (e.g. a trimmed install)
@@ -199,12 +225,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
             )
             return 2
         cloud = next(iter(catalog.clouds))
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    from scoperouter.proxy import serve
+    from scoperouter.proxy import Options, logs, serve
 
-    return serve(args.config, cloud, watch=args.watch)
+    logs.setup(args.log_level, args.log_format, cloud)
+    return serve(
+        Options(
+            config_path=args.config,
+            cloud=cloud,
+            workers=args.workers,
+            watch=args.watch,
+            drain=args.drain,
+            log_level=args.log_level,
+            log_format=args.log_format,
+        )
+    )
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def cmd_route(args: argparse.Namespace) -> int:
@@ -226,12 +267,22 @@ def cmd_route(args: argparse.Namespace) -> int:
         headers["x-scope"] = args.scope
     host = parts.hostname.lower()
     port = parts.port or DEFAULT_PORTS[parts.scheme]
-    mode = args.mode
-    if mode == "auto":
+    mode: Mode
+    if args.mode == "auto":
         frontends = {(f.url.host, f.url.port) for f in catalog.clouds[args.cloud].frontends}
         mode = "reverse" if (host, port) in frontends else "forward"
+    else:
+        mode = args.mode
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    facts = RequestFacts(args.method.upper(), parts.scheme, host, port, path, headers, mode)
+    facts = RequestFacts(
+        method=args.method.upper(),
+        scheme=parts.scheme,
+        host=host,
+        port=port,
+        path=path,
+        headers=headers,
+        mode=mode,
+    )
     decision = decide(facts, catalog, args.cloud)
     print(render_decision(facts, decision, args.cloud, as_json=args.json))
     return 0 if isinstance(decision, Forward) else 1
@@ -269,7 +320,6 @@ def render_decision(
             f"body:     {json.dumps(body)}"
         )
     edits = {header_title(k): _mask(k, v) for k, v in decision.set_headers.items()}
-    removed = sorted(header_title(h) for h in decision.remove_headers)
     if as_json:
         return json.dumps(
             {
@@ -283,7 +333,6 @@ def render_decision(
                 "remote": decision.remote,
                 "target": decision.url,
                 "set_headers": edits,
-                "remove_headers": removed,
                 "swap_tokens": sorted(header_title(h) for h in decision.swap_tokens),
                 "catalog_region": decision.catalog_region,
             }
@@ -298,7 +347,6 @@ def render_decision(
     if decision.scope is not None:
         lines.append(f"scope:    {decision.scope.to_json()}")
     lines.extend(f"set:      {k}: {v}" for k, v in edits.items())
-    lines.extend(f"remove:   {h}" for h in removed)
     lines.extend(
         f"swap:     {header_title(h)}: checked with {cloud}'s keystone (service role), then "
         f"replaced by the router's own token for {decision.cloud}"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scoperouter.catalog import load_catalog
+from scoperouter.config import load_catalog
 from scoperouter.lab import files
 from scoperouter.lab.api import port_open, wait_for
 from scoperouter.lab.cli import main as lab_main
