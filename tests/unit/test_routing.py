@@ -322,3 +322,61 @@ def test_another_clouds_backend_is_reached_through_its_router(catalog: Catalog) 
     assert (d.cloud, d.remote, d.url) == ("CloudTwo", True, "http://127.0.0.3:9292/v2/images")
     d = forward(catalog, facts(mode="forward", host="127.0.1.2", x_auth_token="tok"))
     assert (d.cloud, d.remote, d.url) == ("CloudOne", False, "http://127.0.1.2:9292/v2/images")
+
+
+# ----------------------------------------------------------------- scopes a workflow cannot honour
+
+
+def test_placement_follows_compute_when_completed(catalog: Catalog) -> None:
+    d = forward(catalog, facts("/servers", 8774, x_scope='{"compute": "CloudTwo"}'))
+    assert d.cloud == "CloudTwo"
+    assert '"placement":"CloudTwo"' in d.set_headers["x-scope"]  # not this router's cloud
+
+
+def test_placement_named_away_from_compute_is_refused_for_compute(catalog: Catalog) -> None:
+    scope = '{"placement": "CloudTwo"}'  # compute: completed with CloudOne
+    r = reject(catalog, facts("/servers", 8774, x_scope=scope))
+    assert r.status == 400
+    assert "'CloudTwo' for placement but 'CloudOne' for compute" in r.message
+    assert "own credentials" in r.message
+    # ... but honoured where it means something: placement's own API, and other services.
+    d = forward(catalog, facts("/resource_providers", 8778, x_scope=scope))
+    assert (d.cloud, d.service_type) == ("CloudTwo", "placement")
+    assert forward(catalog, facts(x_scope=scope)).cloud == "CloudOne"
+    both = '{"placement": "CloudTwo", "compute": "CloudTwo"}'
+    assert forward(catalog, facts("/servers", 8774, x_scope=both)).cloud == "CloudTwo"
+
+
+# ----------------------------------------------------------------- bounded cost and memory
+
+
+def test_scope_entries_are_bounded_before_any_is_parsed(catalog: Catalog) -> None:
+    many = json.dumps({f"s{i}": "CloudOne" for i in range(372)})  # under the 8 KiB cap
+    r = reject(catalog, facts(x_scope=many))
+    assert r.status == 400 and "372 service types; at most 100" in r.message
+    # Up to the bound, unknown service types are carried (issue 13), not refused.
+    carried = json.dumps({f"svc-{i}": "CloudTwo" for i in range(99)})
+    assert forward(catalog, facts(x_scope=carried)).cloud == "CloudOne"
+
+
+def test_refused_scopes_are_never_memoised(catalog: Catalog) -> None:
+    before = len(catalog.memo)
+    for i in range(50):
+        reject(catalog, facts(x_scope=f'{{"image": "Nowhere{i}"}}'))
+    assert len(catalog.memo) == before
+    forward(catalog, facts(x_scope='{"image": "CloudTwo"}'))
+    assert len(catalog.memo) == before + 1
+
+
+def test_the_memo_has_a_budget(catalog: Catalog) -> None:
+    from scoperouter.catalog import MEMO_BUDGET
+
+    names = ["identity", "image", "compute", "placement"]
+    used = 0
+    for i in range(3000):
+        extra = {f"x{i}-{n}-{'a' * 60}": "CloudOne" for n in names}  # distinct, ~400 chars
+        text = json.dumps({"image": "CloudTwo", **extra})
+        forward(catalog, facts(x_scope=text))
+        used += len(text)
+    assert used > MEMO_BUDGET  # more than the budget went through ...
+    assert len(catalog.memo) < 3000  # ... and the memo was cleared on the way
