@@ -165,9 +165,10 @@ def test_sighup_under_load_drops_nothing(pool: Pool) -> None:
         finally:
             conn.close()
 
-    with Load(keep_alive_requests, threads=2) as keep, Load(
-        lambda: new_connection_request(pool), threads=2
-    ) as fresh:
+    with (
+        Load(keep_alive_requests, threads=2) as keep,
+        Load(lambda: new_connection_request(pool), threads=2) as fresh,
+    ):
         time.sleep(1.0)
         pool.write("new")
         pool.router.signal(signal.SIGHUP)
