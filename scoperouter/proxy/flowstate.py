@@ -13,6 +13,7 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -46,6 +47,7 @@ def request_id(received: str | None) -> str:
 @dataclass(slots=True, kw_only=True)
 class FlowState:
     request_id: str
+    headers: Mapping[str, str]  # the request's header fields as received, lower-case names
     method: str
     path: str  # as the client sent it, without the query string (absolute in forward mode)
     started: float  # time.monotonic() when the request head was in
@@ -65,14 +67,38 @@ def begin(flow: http.HTTPFlow) -> FlowState:
     path = request.path.partition("?")[0]
     if flow.client_conn.proxy_mode.type_name == "regular":  # forward proxy: absolute URL
         path = f"{request.scheme}://{request.host}:{request.port}{path}"
+    headers = header_map(request.headers)
     state = FlowState(
-        request_id=request_id(request.headers.get(REQUEST_ID_HEADER)),
+        request_id=request_id(headers.get(REQUEST_ID_HEADER)),
+        headers=headers,
         method=request.method,
         path=path,
         started=time.monotonic(),
     )
     flow.metadata[META] = state
     return state
+
+
+def header_map(headers: http.Headers) -> dict[str, str]:
+    """Lower-case name -> value (repeated fields joined with ", ", as mitmproxy does), in one
+    pass over the fields: a lookup by name in mitmproxy's Headers scans them all, so reading
+    them name by name would be quadratic in the number of fields."""
+    found: dict[str, str] = {}
+    for raw_name, raw_value in headers.fields:
+        name = raw_name.decode("latin-1").lower()
+        value = raw_value.decode("utf-8", "surrogateescape")
+        found[name] = f"{found[name]}, {value}" if name in found else value
+    return found
+
+
+def set_headers(headers: http.Headers, edits: Mapping[str, str]) -> None:
+    """Set these fields (lower-case names), replacing any of the same name, in one pass."""
+    names = {name.encode("latin-1") for name in edits}
+    kept = tuple(field for field in headers.fields if field[0].lower() not in names)
+    headers.fields = kept + tuple(
+        (name.encode("latin-1"), value.encode("utf-8", "surrogateescape"))
+        for name, value in edits.items()
+    )
 
 
 def state_of(flow: http.HTTPFlow) -> FlowState | None:
@@ -84,7 +110,7 @@ def answer(flow: http.HTTPFlow, state: FlowState, reject: Reject) -> None:
     """Answer the request with `reject` (OpenStack JSON); nothing is sent upstream."""
     state.decision = reject
     request = flow.request
-    if request.stream or is_chunked(request):
+    if request.stream or is_chunked(state):
         # A body too large to buffer is on its way: mitmproxy cannot answer from a hook while
         # it streams, so send the request nowhere (see Routing.server_connect) and answer
         # through the error path, closing the connection.
@@ -106,5 +132,6 @@ def json_response(reject: Reject) -> http.Response:
     return response
 
 
-def is_chunked(request: http.Request) -> bool:
-    return "chunked" in request.headers.get("transfer-encoding", "").lower()
+def is_chunked(state: FlowState) -> bool:
+    """The request's body comes in chunks (its length is not known in advance)."""
+    return "chunked" in state.headers.get("transfer-encoding", "").lower()

@@ -317,6 +317,14 @@ class Supervisor:
                 await self._ready(slot)
             except StartupError as exc:
                 logger.error("worker %d of %s: %s", slot.index, self.options.cloud, exc)
+            else:
+                assert slot.proc is not None
+                logger.info(
+                    "worker %d (pid %d) of %s replaced and serving",
+                    slot.index,
+                    slot.proc.pid,
+                    self.options.cloud,
+                )
 
     def _forget(self, slot: Slot) -> None:
         """A worker process is gone: its live gauges stop counting, its control socket closes."""

@@ -86,10 +86,11 @@ class Load:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            started = time.monotonic()  # recorded: when each request was sent
             try:
-                self.ok.append((time.monotonic(), self.target()))
+                self.ok.append((started, self.target()))
             except Exception as exc:
-                self.failed.append((time.monotonic(), repr(exc)))
+                self.failed.append((started, repr(exc)))
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
@@ -129,11 +130,8 @@ def test_sigkill_of_a_worker_loses_only_its_requests_in_flight(pool: Pool) -> No
         time.sleep(1.0)  # the slow requests are in flight, on both workers
         killed_at = time.monotonic()
         victim.send_signal(signal.SIGKILL)
-        pool.router.wait_for_log("starting a new one", timeout=20)
-        deadline = time.monotonic() + 20
-        while len(pool.workers()) < 2 or victim.pid in {p.pid for p in pool.workers()}:
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        pool.router.wait_for_log("replaced and serving", timeout=60)
+        replaced_at = time.monotonic()
         time.sleep(2.0)  # keep the load on the new worker too
         for thread in sleepers:
             thread.join(timeout=30)
@@ -142,8 +140,8 @@ def test_sigkill_of_a_worker_loses_only_its_requests_in_flight(pool: Pool) -> No
     lost_slow = [r for r in slow if isinstance(r, Exception)]
     assert 0 < len(lost_slow) < 8, slow
     assert len(load.failed) <= load.threads, load.failed
-    assert all(at < killed_at + 0.5 for at, _ in load.failed), load.failed
-    assert any(at > killed_at + 2 for at, _ in load.ok)
+    assert all(at < killed_at for at, _ in load.failed), load.failed
+    assert any(at > replaced_at for at, _ in load.ok)
     assert survivor.is_running()
     new_pids = {p.pid for p in pool.workers()}
     assert survivor.pid in new_pids and victim.pid not in new_pids

@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -157,7 +158,9 @@ def test_routing_refuses_a_streamed_body_through_the_error_path(config: RouterCo
     routed(config, flow)
     assert flow.response is None and flow.request.host == REJECT_HOST
     assert "expect" not in flow.request.headers  # no "100 Continue" for a refused body
-    data = server_hooks.ServerConnectionHookData(flow.client_conn, tflow.tserver_conn())
+    data = server_hooks.ServerConnectionHookData(
+        server=tflow.tserver_conn(), client=flow.client_conn
+    )
     data.server.address = (REJECT_HOST, 9)
     Routing(config).server_connect(data)
     assert data.server.error
@@ -192,7 +195,9 @@ def test_unknown_listener_is_a_500_not_a_crash(config: RouterConfig) -> None:
 
 
 def test_never_connects_to_itself(config: RouterConfig) -> None:
-    data = server_hooks.ServerConnectionHookData(tflow.tclient_conn(), tflow.tserver_conn())
+    data = server_hooks.ServerConnectionHookData(
+        server=tflow.tserver_conn(), client=tflow.tclient_conn()
+    )
     data.server.address = ("127.0.0.2", 9292)
     data.server.error = None
     Routing(config).server_connect(data)
@@ -337,41 +342,73 @@ def test_no_swap_no_coroutine(config: RouterConfig) -> None:
 def test_response_timeout_per_destination_kind(tmp_path: Path) -> None:
     path = tmp_path / "f.yaml"
     text = SAMPLE.read_text().replace(
-        "response_timeout: 120.0", "response_timeout: 0.05\n  peer_response_timeout: 0.5"
+        "response_timeout: 120.0", "response_timeout: 5\n  peer_response_timeout: 50"
     )
     path.write_text(text)
     config = RouterConfig()
-
-    async def scenario() -> tuple[FlowState, FlowState]:
-        with taddons.context(config) as tctx:
-            tctx.configure(config, scoperouter_config=str(path), scoperouter_cloud="CloudOne")
-            timeouts = Timeouts(config, InFlight())
-            local, remote = image_flow(), image_flow(x_scope='{"image": "CloudTwo"}')
-            for flow in (local, remote):
-                routed(config, flow)
-                timeouts.request(flow)
-            await asyncio.sleep(0.15)
-            return state_of(local), state_of(remote)  # type: ignore[return-value]
-
-    local, remote = asyncio.run(scenario())
-    assert local.timed_out == "response"  # a backend: 0.05 s
-    assert remote.timed_out is None  # another cloud's router: 0.5 s
+    with taddons.context(config) as tctx:
+        tctx.configure(config, scoperouter_config=str(path), scoperouter_cloud="CloudOne")
+        inflight = InFlight()
+        timeouts = Timeouts(config, inflight)
+        local, remote = image_flow(), image_flow(x_scope='{"image": "CloudTwo"}')
+        for flow in (local, remote):
+            routed(config, flow)
+            inflight.requestheaders(flow)
+            timeouts.request(flow)
+        states = [state_of(local), state_of(remote)]
+        deadlines = [s.watches.response_at - time.monotonic() for s in states]  # type: ignore[union-attr]
+        assert 4.5 < deadlines[0] <= 5 and 49.5 < deadlines[1] <= 50
+        # Time passes: the sweep gives up on the backend's answer only.
+        for state in states:
+            state.watches.response_at -= 10  # type: ignore[union-attr]
+        timeouts.sweep()
+        assert [s.timed_out for s in states] == ["response", None]  # type: ignore[union-attr]
+        # An answer stops the clock.
+        timeouts.responseheaders(remote)
+        states[1].watches.response_at = None  # type: ignore[union-attr]
+        timeouts.sweep()
+        assert states[1].timed_out is None  # type: ignore[union-attr]
 
 
 def test_a_streamed_upload_restarts_the_clock_on_every_chunk(config: RouterConfig) -> None:
-    async def scenario() -> FlowState:
-        timeouts = Timeouts(config, InFlight())
-        flow = image_flow()
-        flow.request.stream = True
-        state = routed(config, flow)
-        timeouts.requestheaders(flow)
-        assert callable(flow.request.stream)
-        assert flow.request.stream(b"chunk") == b"chunk"
-        return state
+    timeouts = Timeouts(config, InFlight())
+    flow = image_flow()
+    flow.request.stream = True
+    state = routed(config, flow)
+    timeouts.requestheaders(flow)
+    assert callable(flow.request.stream)
+    state.watches.response_at -= 100  # type: ignore[union-attr]
+    assert flow.request.stream(b"chunk") == b"chunk"
+    assert state.watches.response_at > time.monotonic() + 100  # type: ignore[union-attr]
 
-    state = asyncio.run(scenario())
-    assert state.timed_out is None and state.watches is not None
-    state.watches.stop()
+
+def test_connect_timeout_cancels_the_connecting_task(config: RouterConfig) -> None:
+    async def scenario() -> tuple[FlowState, bool]:
+        inflight = InFlight()
+        timeouts = Timeouts(config, inflight)
+        flow = image_flow(x_scope='{"image": "CloudTwo"}')
+        state = routed(config, flow)
+        inflight.requestheaders(flow)
+        server = tflow.tserver_conn()
+        server.timestamp_tcp_setup = server.timestamp_end = None
+        server.timestamp_start = time.time()
+        connecting = asyncio.get_running_loop().create_future()
+
+        async def connect() -> None:
+            data = server_hooks.ServerConnectionHookData(server=server, client=flow.client_conn)
+            data.server.error = None
+            timeouts.server_connect(data)
+            await connecting  # stands in for asyncio.open_connection
+
+        task = asyncio.create_task(connect())
+        await asyncio.sleep(0)
+        state.watches.connect_at -= 100  # type: ignore[union-attr]
+        timeouts.sweep()
+        await asyncio.sleep(0)
+        return state, task.cancelled()
+
+    state, cancelled = asyncio.run(scenario())
+    assert state.timed_out == "connect" and cancelled
 
 
 # ----------------------------------------------------------------- ErrorAnswers

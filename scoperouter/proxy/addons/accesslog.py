@@ -17,7 +17,13 @@ from mitmproxy import http
 
 from scoperouter.proxy import mitm
 from scoperouter.proxy.addons.config import RouterConfig
-from scoperouter.proxy.flowstate import REQUEST_ID_HEADER, FlowState, request_id, state_of
+from scoperouter.proxy.flowstate import (
+    REQUEST_ID_HEADER,
+    FlowState,
+    request_id,
+    set_headers,
+    state_of,
+)
 from scoperouter.proxy.logs import FIELDS
 from scoperouter.routing import Forward
 
@@ -31,7 +37,7 @@ class AccessLog:
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         state = state_of(flow)
         if state is not None and flow.response is not None:
-            flow.response.headers[REQUEST_ID_HEADER] = state.request_id
+            set_headers(flow.response.headers, {REQUEST_ID_HEADER: state.request_id})
 
     def response(self, flow: http.HTTPFlow) -> None:
         state = state_of(flow)

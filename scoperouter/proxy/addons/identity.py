@@ -18,7 +18,7 @@ from scoperouter.catalog import Catalog
 from scoperouter.errors import Reject
 from scoperouter.identity import Identity
 from scoperouter.proxy.addons.config import RouterConfig
-from scoperouter.proxy.flowstate import FlowState, answer, state_of
+from scoperouter.proxy.flowstate import FlowState, answer, set_headers, state_of
 from scoperouter.routing import Forward
 from scoperouter.scope import split_token
 
@@ -50,9 +50,11 @@ class TokenSwap:
     async def _swap(
         flow: http.HTTPFlow, state: FlowState, decision: Forward, identity: Identity
     ) -> None:
-        headers = flow.request.headers
+        received = state.headers
         tokens = {
-            name: split_token(headers[name])[0] for name in decision.swap_tokens if name in headers
+            name: split_token(received[name])[0]
+            for name in decision.swap_tokens
+            if name in received
         }
         try:
             result = await identity.swap(tokens, decision.swap_tokens, decision.cloud)
@@ -62,5 +64,4 @@ class TokenSwap:
         if isinstance(result, Reject):
             answer(flow, state, result)
             return
-        for name, value in result.items():
-            headers[name] = value
+        set_headers(flow.request.headers, result)

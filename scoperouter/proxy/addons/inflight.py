@@ -39,6 +39,10 @@ class InFlight:
         """The request in progress on this client connection, if any."""
         return self._current.get(client_id)
 
+    def states(self) -> list[FlowState]:
+        """The requests in progress now (a copy: hooks may change the table meanwhile)."""
+        return list(self._current.values())
+
     def busy(self) -> set[str]:
         """Client connections with a request in progress."""
         return set(self._current)

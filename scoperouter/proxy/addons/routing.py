@@ -16,7 +16,6 @@ stream through untouched (a streamed body is never seen by later hooks). The add
 from __future__ import annotations
 
 import logging
-from urllib.parse import urlsplit
 
 from mitmproxy import http
 from mitmproxy.proxy import server_hooks
@@ -26,9 +25,11 @@ from scoperouter.proxy.addons.config import RouterConfig
 from scoperouter.proxy.flowstate import (
     REJECT_HOST,
     REQUEST_ID_HEADER,
+    FlowState,
     answer,
     begin,
     json_response,
+    set_headers,
 )
 from scoperouter.routing import Forward, RequestFacts, decide
 
@@ -46,7 +47,7 @@ class Routing:
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         state = begin(flow)
         try:
-            decision = self._decide(flow)
+            decision = self._decide(flow, state)
             if isinstance(decision, Forward):
                 apply_forward(flow, decision, state.request_id)
                 state.decision = decision
@@ -56,17 +57,11 @@ class Routing:
             decision = Reject(500, INTERNAL_ERROR)
         answer(flow, state, decision)
 
-    def _decide(self, flow: http.HTTPFlow) -> Forward | Reject:
+    def _decide(self, flow: http.HTTPFlow, state: FlowState) -> Forward | Reject:
         config = self.config
         request = flow.request
         listener = config.by_spec.get(flow.client_conn.proxy_mode.full_spec)
-        # One pass over the header fields: a lookup by name in mitmproxy's Headers scans them
-        # all, so building this map name by name would be quadratic in the header count.
-        headers: dict[str, str] = {}
-        for raw_name, raw_value in request.headers.fields:
-            name = raw_name.decode("latin-1").lower()
-            value = raw_value.decode("utf-8", "surrogateescape")
-            headers[name] = f"{headers[name]}, {value}" if name in headers else value
+        headers = state.headers
         if listener is None:
             return Reject(500, f"request arrived on an unknown listener of {config.cloud}")
         frontend = listener.frontend
@@ -120,26 +115,24 @@ class Routing:
 
 
 def apply_forward(flow: http.HTTPFlow, decision: Forward, request_id: str) -> None:
-    """Point the flow at the decision's URL and make its header edits."""
+    """Point the flow at the decision's URL and make its header edits. The Host header stays
+    as the client sent it (services build links that point at the router): only the
+    connection's address changes."""
     request = flow.request
     scheme, host, port, path = split_url(decision.url)
-    host_header = request.host_header
     request.scheme = scheme
     request.data.host = host
     request.data.port = port
     request.path = path
-    request.host_header = host_header  # services build links that point at the router
-    headers = request.headers
-    for name, value in decision.set_headers.items():
-        headers[name] = value
-    headers[REQUEST_ID_HEADER] = request_id
+    set_headers(request.headers, {**decision.set_headers, REQUEST_ID_HEADER: request_id})
 
 
 def split_url(url: str) -> tuple[str, str, int, str]:
-    """``http://h:1/p?q`` -> ``("http", "h", 1, "/p?q")``; the path is kept byte for byte."""
-    parts = urlsplit(url)
-    if parts.hostname is None:
-        raise ValueError(f"no host in {url!r}")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    path = url[len(parts.scheme) + 3 + len(parts.netloc) :]
-    return parts.scheme, parts.hostname, port, path or "/"
+    """``http://h:1/p?q`` -> ``("http", "h", 1, "/p?q")``, for the URLs routing makes
+    (``scheme://host:port`` then the path, kept byte for byte; IPv6 hosts in brackets)."""
+    scheme, sep, rest = url.partition("://")
+    hostport, slash, path = rest.partition("/")
+    host, colon, port = hostport.rpartition(":")
+    if not sep or not colon or not host or not port.isdigit():
+        raise ValueError(f"not a routed URL: {url!r}")
+    return scheme, host.strip("[]"), int(port), slash + path if slash else "/"

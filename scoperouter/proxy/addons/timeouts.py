@@ -2,20 +2,25 @@
 
 A backend of this cloud gets ``connect_timeout`` and ``response_timeout``; another cloud's
 router gets ``peer_connect_timeout`` and ``peer_response_timeout``. When one fires, the upstream
-connection is given up (see :mod:`scoperouter.proxy.mitm`, items 3) and the flow's state says
+connection is given up (see :mod:`scoperouter.proxy.mitm`, item 3) and the flow's state says
 which timeout it was, so the error answer is a 504 naming the cloud.
 
 * **Connect**: from ``server_connect`` until the TCP (and TLS) handshake is done.
 * **Response**: from the end of the request (``request`` hook) to the response headers; while a
-  large body streams upstream it restarts on every chunk, so an upstream that stops reading is
+  large body streams upstream every chunk restarts it, so an upstream that stops reading is
   caught as well, while a long upload that keeps moving is not.
+
+Requests only note their deadlines; one sweep per worker, every :data:`TICK` seconds, looks
+at the requests in flight (no timer is made and cancelled per request), so a timeout fires at
+most a tick late.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from typing import Any
 
 from mitmproxy import http
 from mitmproxy.connection import Client, Server
@@ -27,128 +32,86 @@ from scoperouter.proxy.addons.inflight import InFlight
 from scoperouter.proxy.flowstate import FlowState, is_chunked, state_of
 from scoperouter.routing import Forward
 
+TICK = 0.1
 
-class ConnectWatch:
-    """Give up on an upstream connection not set up within `timeout` seconds.
 
-    Made in the ``server_connect`` hook, where the current task is the one opening the
-    connection. While the TCP handshake is pending that task is cancelled; when TCP is up but
-    the TLS handshake is not done in time, the transport is aborted.
-    """
+class Deadlines:
+    """The timeouts of one request (in its FlowState): what to give up, and when."""
 
-    __slots__ = ("_handle", "_loop", "_task", "client", "server", "state", "timeout")
+    __slots__ = ("client", "connect_at", "response_at", "response_timeout", "server", "task")
 
-    def __init__(self, client: Client, server: Server, timeout: float, state: FlowState) -> None:
+    def __init__(self, client: Client) -> None:
         self.client = client
-        self.server = server
-        self.timeout = timeout
-        self.state = state
-        self._task = mitm.connecting_task()
-        self._loop = asyncio.get_running_loop()
-        self._handle: asyncio.TimerHandle | None = None
-        if self._task is not None:
-            self._arm(timeout)
+        self.server: Server | None = None
+        self.task: asyncio.Task[Any] | None = None  # the task opening the connection
+        self.connect_at: float | None = None  # time.time(), as mitmproxy's timestamps
+        self.response_at: float | None = None  # time.monotonic()
+        self.response_timeout = 0.0
 
-    def _arm(self, delay: float) -> None:
-        self._handle = self._loop.call_later(max(delay, 0.01), self._check)
-
-    def _check(self) -> None:
-        self._handle = None
-        server, task = self.server, self._task
-        assert task is not None
-        if task.done() or server.error or server.timestamp_end is not None:
-            return
-        if server.timestamp_start is None:  # not connecting yet (e.g. waiting for a slot)
-            self._arm(self.timeout)
-            return
-        remaining = server.timestamp_start + self.timeout - time.time()
-        if remaining > 0:
-            self._arm(remaining)
-            return
-        if server.timestamp_tcp_setup is None:
-            self.state.timed_out = "connect"
-            mitm.cancel_connect(task)
-        elif server.tls and not server.tls_established:
-            self.state.timed_out = "connect"
-            mitm.abort_upstream(self.client, server)
-
-    def cancel(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-
-class ResponseWatch:
-    """Abort a flow's upstream connection when it makes no progress for `timeout` seconds.
-
-    `upstream` returns the flow's server connection: ``flow.server_conn`` is only updated once
-    the connection is fully set up (TLS included), so the router tracks the one being opened.
-    """
-
-    __slots__ = ("_handle", "_last", "_loop", "flow", "state", "timeout", "upstream")
-
-    def __init__(
-        self,
-        flow: http.HTTPFlow,
-        state: FlowState,
-        timeout: float,
-        upstream: Callable[[], Server],
-    ) -> None:
-        self.flow = flow
-        self.state = state
-        self.timeout = timeout
-        self.upstream = upstream
-        self._last = time.monotonic()
-        self._loop = asyncio.get_running_loop()
-        self._handle: asyncio.TimerHandle | None = self._loop.call_later(timeout, self._fire)
-
-    def touch(self) -> None:
-        """Progress: the clock starts again."""
-        self._last = time.monotonic()
-
-    def passthrough(self, data: bytes) -> bytes:
-        """A ``flow.request.stream`` callable that forwards chunks unchanged and notes progress."""
-        self._last = time.monotonic()
+    def progress(self, data: bytes) -> bytes:
+        """A ``flow.request.stream`` callable: forwards chunks unchanged, restarts the clock."""
+        if self.response_at is not None:
+            self.response_at = time.monotonic() + self.response_timeout
         return data
 
-    def _fire(self) -> None:
-        self._handle = None
-        flow = self.flow
-        if flow.response is not None or flow.error is not None or not flow.live:
-            return
-        idle = time.monotonic() - self._last
-        if idle < self.timeout:
-            self._handle = self._loop.call_later(self.timeout - idle, self._fire)
-            return
-        self.state.timed_out = "response"
-        if not mitm.abort_upstream(flow.client_conn, self.upstream()):
-            # Between two steps of opening the connection (a hook is running): retry shortly.
-            self._handle = self._loop.call_later(0.05, self._fire)
-
-    def cancel(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-
-class _Watches:
-    __slots__ = ("connect", "response")
-
-    def __init__(self) -> None:
-        self.connect: ConnectWatch | None = None
-        self.response: ResponseWatch | None = None
-
-    def stop(self) -> None:
-        if self.connect is not None:
-            self.connect.cancel()
-        if self.response is not None:
-            self.response.cancel()
+    def check(self, state: FlowState, now_wall: float, now: float) -> None:
+        """Give up on the upstream if a deadline has passed."""
+        server = self.server
+        if self.connect_at is not None and server is not None and now_wall >= self.connect_at:
+            if server.error or server.timestamp_end is not None:
+                self.connect_at = None
+            elif server.timestamp_tcp_setup is None:
+                if server.timestamp_start is not None and self.task is not None:
+                    state.timed_out = "connect"
+                    self.connect_at = None
+                    mitm.cancel_connect(self.task)
+            elif not server.tls or server.tls_established:
+                self.connect_at = None  # connected in time
+            else:  # TCP is up, the TLS handshake is not done
+                state.timed_out = "connect"
+                self.connect_at = None
+                mitm.abort_upstream(self.client, server)
+        if self.response_at is not None and now >= self.response_at:
+            upstream = self.server
+            if upstream is None:
+                return  # not connecting yet: a connect timeout will come first
+            state.timed_out = "response"
+            if mitm.abort_upstream(self.client, upstream):
+                self.response_at = None
+            # else: between two steps of opening the connection; the next tick retries
 
 
 class Timeouts:
     def __init__(self, config: RouterConfig, inflight: InFlight) -> None:
         self.config = config
         self.inflight = inflight
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def running(self) -> None:
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    def done(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(TICK)
+            self.sweep()
+
+    def sweep(self) -> None:
+        """Look at every request in flight once (the periodic task calls this)."""
+        now_wall, now = time.time(), time.monotonic()
+        for state in self.inflight.states():
+            deadlines = state.watches
+            if isinstance(deadlines, Deadlines):
+                with contextlib.suppress(Exception):  # one request must not stop the sweep
+                    deadlines.check(state, now_wall, now)
+
+    def _deadlines(self, flow: http.HTTPFlow, state: FlowState) -> Deadlines:
+        if not isinstance(state.watches, Deadlines):
+            state.watches = Deadlines(flow.client_conn)
+        return state.watches
 
     def _timeouts(self, decision: Forward) -> tuple[float, float]:
         return self.config.current().settings.timeouts(decision.remote)
@@ -158,11 +121,13 @@ class Timeouts:
         if state is None or flow.response is not None or not isinstance(state.decision, Forward):
             return
         request = flow.request
-        if request.stream or is_chunked(request):
+        if request.stream or is_chunked(state):
             # The body streams upstream (chunked bodies from the first byte, rather than after
             # buffering 1 MiB): the response timeout watches its progress from now on.
-            watch = self._response_watch(flow, state, state.decision)
-            request.stream = watch.passthrough
+            deadlines = self._deadlines(flow, state)
+            deadlines.response_timeout = self._timeouts(state.decision)[1]
+            deadlines.response_at = time.monotonic() + deadlines.response_timeout
+            request.stream = deadlines.progress
 
     def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
         server = data.server
@@ -172,29 +137,23 @@ class Timeouts:
         if state is None or not isinstance(state.decision, Forward):
             return
         state.server = server
-        watches = _watches(state)
-        watches.connect = ConnectWatch(
-            data.client, server, self._timeouts(state.decision)[0], state
-        )
+        deadlines = state.watches if isinstance(state.watches, Deadlines) else None
+        if deadlines is None:
+            deadlines = state.watches = Deadlines(data.client)
+        deadlines.server = server
+        deadlines.task = mitm.connecting_task()
+        deadlines.connect_at = time.time() + self._timeouts(state.decision)[0]
 
     def request(self, flow: http.HTTPFlow) -> None:
         state = state_of(flow)
         if state is None or not isinstance(state.decision, Forward) or flow.response is not None:
             return
-        watches = _watches(state)
-        if watches.response is not None:
-            watches.response.touch()  # the whole body is sent: from now on, the response
-        else:
-            self._response_watch(flow, state, state.decision)
-
-    def _response_watch(
-        self, flow: http.HTTPFlow, state: FlowState, decision: Forward
-    ) -> ResponseWatch:
-        watch = ResponseWatch(
-            flow, state, self._timeouts(decision)[1], lambda: state.server or flow.server_conn
-        )
-        _watches(state).response = watch
-        return watch
+        deadlines = self._deadlines(flow, state)
+        # The whole body is sent: from now on, the response.
+        deadlines.response_timeout = self._timeouts(state.decision)[1]
+        deadlines.response_at = time.monotonic() + deadlines.response_timeout
+        if deadlines.server is None:
+            deadlines.server = flow.server_conn
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         self._stop(flow)
@@ -208,11 +167,5 @@ class Timeouts:
     @staticmethod
     def _stop(flow: http.HTTPFlow) -> None:
         state = state_of(flow)
-        if state is not None and isinstance(state.watches, _Watches):
-            state.watches.stop()
-
-
-def _watches(state: FlowState) -> _Watches:
-    if not isinstance(state.watches, _Watches):
-        state.watches = _Watches()
-    return state.watches
+        if state is not None and isinstance(state.watches, Deadlines):
+            state.watches.connect_at = state.watches.response_at = None
