@@ -189,24 +189,34 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     catalog = _load(args.config, args.cloud)
     if catalog is None:
         return 1
+    settings = catalog.settings
+    limits, breaker = settings.limits, settings.breaker
     print(f"{args.config}: OK ({catalog.describe()})")
+    print(
+        f"  settings: hop_limit {settings.hop_limit}; timeouts connect/response "
+        f"{settings.connect_timeout:g}/{settings.response_timeout:g}s to backends, "
+        f"{settings.peer_connect_timeout:g}/{settings.peer_response_timeout:g}s to peers; "
+        f"limits {limits.max_headers} headers, {limits.max_header_bytes} bytes, line "
+        f"{limits.max_request_line}, head {limits.header_timeout:g}s, idle "
+        f"{limits.idle_timeout:g}s; an upstream is down for {breaker.down_for:g}s after "
+        f"{breaker.failures} failure{'s' if breaker.failures != 1 else ''}"
+    )
     for cloud in catalog.clouds.values():
         services = sorted({ep.service_type for ep in cloud.endpoints})
         frontends = ", ".join(str(f.url) for f in cloud.frontends)
-        proxy = (
-            f"; forward proxy {cloud.proxy_listen[0]}:{cloud.proxy_listen[1]}"
-            if (cloud.proxy_listen)
-            else ""
-        )
-        creds = (
-            "; credentials for "
-            + ", ".join(f"{k} ({v})" for k, v in sorted(cloud.credentials.items()))
-            if cloud.credentials
-            else ""
-        )
+        extras = []
+        if cloud.proxy_listen:
+            extras.append(f"forward proxy {cloud.proxy_listen[0]}:{cloud.proxy_listen[1]}")
+        if cloud.metrics_listen:
+            extras.append(f"metrics {cloud.metrics_listen[0]}:{cloud.metrics_listen[1]}")
+        if cloud.credentials:
+            extras.append(
+                "credentials for "
+                + ", ".join(f"{k} ({v})" for k, v in sorted(cloud.credentials.items()))
+            )
         print(
             f"  {cloud.name} (region {cloud.region}): {', '.join(services)}; "
-            f"frontends {frontends}{proxy}{creds}"
+            f"frontends {frontends}" + "".join(f"; {extra}" for extra in extras)
         )
     return 0
 
