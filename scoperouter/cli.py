@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--workers",
         type=_positive_int,
-        default=os.cpu_count() or 1,
+        default=_cores(),
         metavar="N",
         help="worker processes sharing the listeners (SO_REUSEPORT); a dead one is replaced "
         "(default: the number of cores, %(default)s here)",
@@ -249,6 +249,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
             log_format=args.log_format,
         )
     )
+
+
+def _cores() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def _positive_int(text: str) -> int:

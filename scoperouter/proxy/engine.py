@@ -74,6 +74,7 @@ class Worker:
         self.options = options.Options()
         self.master = master.Master(self.options, with_termlog=False)
         mitm.quiet_master(self.master)
+        mitm.fast_hooks(self.master)
         self.master.addons.add(
             proxyserver.Proxyserver(), next_layer.NextLayer(), tlsconfig.TlsConfig(), self.chain
         )

@@ -349,3 +349,44 @@ def test_legacy_log_events_can_be_switched_off() -> None:
 def test_error_messages_the_router_recognises() -> None:
     assert f'f"{mitm.CLIENT_GONE}."' in inspect.getsource(_http1.Http1Connection.wait)
     assert mitm.CLIENT_PROTOCOL_ERROR in inspect.getsource(_http1.Http1Connection.read_body)
+
+
+def test_addon_manager_dispatch_the_fast_one_replaces() -> None:
+    from mitmproxy import addonmanager
+    from mitmproxy.proxy.layers.http import HttpRequestHeadersHook
+
+    assert "for i in self.chain:" in inspect.getsource(addonmanager.AddonManager.trigger_event)
+    assert "UpdateHook([message])" in inspect.getsource(addonmanager.AddonManager.handle_lifecycle)
+    assert callable(addonmanager.safecall) and callable(addonmanager.traverse)
+    calls: list[str] = []
+
+    class Broken:
+        def requestheaders(self, flow: Any) -> None:
+            calls.append("broken")
+            raise RuntimeError("an addon's bug")
+
+    class Later:
+        def requestheaders(self, flow: Any) -> Any:
+            async def later() -> None:
+                calls.append("later")
+
+            return later()
+
+        def update(self, flows: Any) -> None:
+            calls.append("update")
+
+    class Silent:
+        pass
+
+    async def scenario() -> None:
+        m = master.Master(options.Options(), with_termlog=False)
+        mitm.fast_hooks(m)
+        m.addons.add(Silent(), Broken())
+        flow = tflow.tflow()
+        await m.addons.handle_lifecycle(HttpRequestHeadersHook(flow))
+        assert calls == ["broken"]  # the bug is logged, not raised; no update hook, no call
+        m.addons.add(Later())  # the cache follows the addons
+        await m.addons.handle_lifecycle(HttpRequestHeadersHook(flow))
+        assert calls == ["broken", "broken", "later", "update"]
+
+    asyncio.run(scenario())
