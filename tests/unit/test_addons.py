@@ -518,6 +518,18 @@ def test_one_access_line_per_request_with_its_fields(
     assert "secret-token" not in text and "hunter2" not in text
 
 
+def test_a_refusal_is_logged_with_its_reason(
+    config: RouterConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    flow = image_flow(x_scope='{"image": "Nowhere"}')
+    routed(config, flow)
+    with caplog.at_level(logging.INFO, logger="scoperouter.access"):
+        AccessLog(config).response(flow)
+    fields = caplog.records[0].__dict__["fields"]
+    assert fields["status"] == 400 and fields["decision"] == "refused"
+    assert "unknown cloud 'Nowhere'" in fields["reason"]
+
+
 def test_refused_heads_are_logged_too(
     config: RouterConfig, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from mitmproxy import http
 
+from scoperouter.errors import Reject
 from scoperouter.proxy import mitm
 from scoperouter.proxy.addons.config import RouterConfig
 from scoperouter.proxy.flowstate import (
@@ -71,8 +72,9 @@ class AccessLog:
             fields["target"] = decision.url.partition("?")[0]
         else:
             fields["decision"] = "refused"
-        if state.message is not None and status >= 400:
-            fields["reason"] = _short(state.message)
+        reason = state.message or (decision.message if isinstance(decision, Reject) else None)
+        if reason is not None and status >= 400:
+            fields["reason"] = _short(reason)
         elif error:
             fields["error"] = _short(error)
         access.info("%s %s %s", state.method, state.path, status or "-", extra={FIELDS: fields})
