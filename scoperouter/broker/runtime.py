@@ -21,6 +21,7 @@ from jsonschema.protocols import Validator
 from jsonschema.validators import validator_for
 
 from scoperouter.broker.config import BrokerConfig, BrokerConfigError, ServiceConfig
+from scoperouter.broker.identity import Identity
 from scoperouter.broker.secrets import Secrets
 from scoperouter.broker.services.base import (
     ENTRY_POINT_GROUP,
@@ -96,10 +97,10 @@ def compile_schema(schema: Mapping[str, Any], where: str) -> Validator:
             raise BrokerConfigError(f"{where}: external reference {ref!r} (OSB forbids them)")
     cls = validator_for(schema, default=Draft4Validator)
     try:
-        cls.check_schema(schema)
+        cls.check_schema(dict(schema))
     except SchemaError as exc:
         raise BrokerConfigError(f"{where}: invalid JSON schema: {exc.message}") from None
-    validator: Validator = cls(schema)
+    validator: Validator = cls(dict(schema))
     return validator
 
 
@@ -137,6 +138,7 @@ class Broker:
         self.store = store if store is not None else Store(config.database_url())
         self.secrets = secrets if secrets is not None else Secrets(config.secret_keys())
         self.clouds = clouds if clouds is not None else make_clouds(config)
+        self.identity = Identity(config.identity)
         classes = dict(service_classes_) if service_classes_ is not None else service_classes()
         self.services: dict[str, Service] = {}
         self.service_configs: dict[str, ServiceConfig] = {}

@@ -178,6 +178,7 @@ class WorkerContext(OperationContext):
         self.request_identity = op.request_identity
         self.deadline = op.deadline_at
         self.clouds = broker.clouds
+        self.identity = broker.identity
         self.log = logging.LoggerAdapter(
             logging.getLogger(f"scoperouter.broker.services.{instance.service_name}"),
             {"operation": op.id},

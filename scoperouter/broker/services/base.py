@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 if TYPE_CHECKING:
     from openstack.connection import Connection
 
+    from scoperouter.broker.identity import Identity
+
 ENTRY_POINT_GROUP = "scoperouter.broker.services"
 
 OperationKind = Literal["provision", "update", "deprovision", "bind", "unbind"]
@@ -211,6 +213,9 @@ class OperationContext(abc.ABC):
     request_identity: str | None  # X-Broker-API-Request-Identity of the request
     deadline: datetime
     clouds: Clouds
+    # keystone projects and roles the broker manages, with the config's identity table
+    # (space projects, instance projects, grants to mapped platform users)
+    identity: Identity
     log: logging.LoggerAdapter[logging.Logger]
 
     @property
