@@ -118,6 +118,9 @@ class ServiceConfig(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     enabled: bool = True
+    # "package.module:Class": a service class by import path, for a plug-in that is not
+    # installed as an entry point (default: the entry point of the service's name)
+    plugin: str | None = Field(default=None, pattern=r"^[\w.]+:\w+$")
     deadlines: dict[OperationName, float] = Field(default_factory=dict)
     # seconds a bind/unbind without accepts_incomplete=true may run inline before the API
     # answers; 0: such requests get 422 AsyncRequired

@@ -115,6 +115,20 @@ def _refs(node: Any) -> list[str]:
     return []
 
 
+def load_plugin(path: str) -> type[Service]:
+    """A service class named ``package.module:Class``."""
+    import importlib
+
+    module_name, _, attr = path.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise BrokerConfigError(f"plugin {path!r} cannot be loaded: {exc}") from None
+    if not (isinstance(cls, type) and issubclass(cls, Service)):
+        raise BrokerConfigError(f"plugin {path!r} is not a Service subclass")
+    return cls
+
+
 def service_classes() -> dict[str, type[Service]]:
     """Services installed as plug-ins (entry point group ``scoperouter.broker.services``)."""
     found: dict[str, type[Service]] = {}
@@ -145,7 +159,7 @@ class Broker:
         self.plans: dict[tuple[str, str], PlanRef] = {}
         self.offerings: dict[str, CatalogEntry] = {}
         for name, svc_config in config.enabled_services().items():
-            cls = classes.get(name)
+            cls = load_plugin(svc_config.plugin) if svc_config.plugin else classes.get(name)
             if cls is None:
                 known = ", ".join(sorted(classes)) or "none"
                 raise BrokerConfigError(

@@ -25,7 +25,7 @@ import contextlib
 import hashlib
 import json
 import secrets
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -455,6 +455,59 @@ class Store:
             return value if isinstance(value, datetime) else None
 
     # ----------------------------------------------------------------------- maintenance
+
+    def redrive(self, operation_id: str, deadline: timedelta) -> str:
+        """`broker repair --redrive`: make an in-progress operation due now with a free lease
+        and a new deadline, or restart a failed one (the latest of its instance, which must
+        have no other active operation). Returns what was done, for the operator."""
+        now = utcnow()
+        with self.write() as session:
+            op = self.operation(session, operation_id)
+            if op is None:
+                return "no such operation"
+            instance = self.instance(session, op.instance_id)
+            if op.state == IN_PROGRESS:
+                op.lease_owner = None
+                op.lease_expires_at = None
+                op.not_before = now
+                op.deadline_at = now + deadline
+                return f"due now, new deadline {op.deadline_at.isoformat(timespec='seconds')}Z"
+            if op.state == SUCCEEDED:
+                return "already succeeded: nothing to re-drive"
+            latest = self.last_operation(session, op.instance_id, op.binding_id)
+            if instance is None or latest is None or latest.id != op.id:
+                return "not the latest operation of its instance: nothing done"
+            if instance.active_operation_id is not None:
+                return f"instance has an active operation {instance.active_operation_id}"
+            op.state = IN_PROGRESS
+            op.finished_at = None
+            op.cancel_requested = False
+            op.not_before = now
+            op.deadline_at = now + deadline
+            op.lease_owner = None
+            op.lease_expires_at = None
+            op.description = "re-driven by an operator"
+            instance.active_operation_id = op.id
+            states = {"provision": PROVISIONING, "update": UPDATING, "deprovision": DEPROVISIONING}
+            if op.kind in states:
+                instance.state = states[op.kind]
+            elif op.binding_id is not None:
+                binding = self.binding(session, op.binding_id)
+                if binding is not None:
+                    binding.state = BINDING if op.kind == "bind" else UNBINDING
+            return f"restarted, deadline {op.deadline_at.isoformat(timespec='seconds')}Z"
+
+    def rotate_secrets(self, rotate: Callable[[str], str]) -> int:
+        """Re-encrypt every stored secret with `rotate` (secrets.Secrets.rotate), in one
+        transaction: all or nothing."""
+        count = 0
+        with self.write() as session:
+            rows = session.scalars(select(Binding).where(Binding.credentials.is_not(None)))
+            for binding in rows:
+                assert binding.credentials is not None
+                binding.credentials = rotate(binding.credentials)
+                count += 1
+        return count
 
     def forget_instance(self, instance_id: str) -> bool:
         with self.write() as session:

@@ -42,7 +42,6 @@ from scoperouter.broker.services.base import (
 )
 from scoperouter.broker.store import (
     BOUND,
-    DEPROVISIONING,
     FAILED,
     GONE,
     IN_PROGRESS,
@@ -58,6 +57,8 @@ from scoperouter.broker.store import (
 
 log = logging.getLogger("scoperouter.broker.worker")
 
+CANCELLABLE = ("provision", "bind")  # a DELETE stops these (OSB: "halt the creation")
+STOPPED = "stopped: a delete request arrived while it ran"
 BIND_RESULT_KEYS = ("endpoints", "expires_at", "renew_before")
 
 
@@ -190,7 +191,7 @@ class WorkerContext(OperationContext):
 
     @property
     def cancelled(self) -> bool:
-        if self.kind != "provision":
+        if self.kind not in CANCELLABLE:
             return False
         with self._store.read() as session:
             op = self._store.operation(session, self.operation_id)
@@ -283,8 +284,8 @@ class Runner:
         release: bool,
     ) -> Outcome | None:
         now = utcnow()
-        if op.kind == "provision" and op.cancel_requested:
-            return self._finish(op, owner, Failed("stopped: a deprovision request arrived"))
+        if op.kind in CANCELLABLE and op.cancel_requested:
+            return self._finish(op, owner, Failed(STOPPED))
         if now >= op.deadline_at:
             where = f" (last: {op.description})" if op.description else ""
             return self._finish(
@@ -320,8 +321,8 @@ class Runner:
                 log.warning("%s %s: lease lost during the pass; outcome dropped", op.kind, op.id)
                 return None
             if isinstance(outcome, Pending):
-                if op.kind == "provision" and ctx.cancelled:
-                    return self._finish(op, owner, Failed("stopped: a deprovision request arrived"))
+                if ctx.cancelled:
+                    return self._finish(op, owner, Failed(STOPPED))
                 if release:
                     when = utcnow() + timedelta(seconds=max(outcome.retry_after, 0.0))
                     try:
@@ -507,14 +508,4 @@ class Worker:
         return count
 
 
-def wait_until(predicate: Any, timeout: float, interval: float = 0.05) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return bool(predicate())
-
-
 __all__ = ["Heartbeat", "Runner", "Worker", "WorkerContext", "owner_id"]
-_unused = (DEPROVISIONING, IN_PROGRESS)

@@ -10,6 +10,7 @@ test can SIGKILL the broker in the middle) and can fail (``parameters.fail``).
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import time
 from collections.abc import Iterable, Mapping
@@ -43,6 +44,8 @@ CREATE_SCHEMA = {
         "fail": {"type": "boolean"},
         "size": {"type": "integer", "minimum": 1},
         "name": {"type": "string", "maxLength": 20},
+        "sleep_after": {"type": "number", "minimum": 0},
+        "deprovision_sleep": {"type": "number", "minimum": 0},
     },
 }
 UPDATE_SCHEMA = {
@@ -54,7 +57,11 @@ UPDATE_SCHEMA = {
 BIND_SCHEMA = {
     "$schema": "http://json-schema.org/draft-04/schema#",
     "type": "object",
-    "properties": {"sleep": {"type": "number", "minimum": 0}, "fail": {"type": "boolean"}},
+    "properties": {
+        "sleep": {"type": "number", "minimum": 0},
+        "sleep_after": {"type": "number", "minimum": 0},
+        "fail": {"type": "boolean"},
+    },
     "additionalProperties": False,
 }
 
@@ -104,6 +111,7 @@ class FakeService(Service):
         params = op.parameters
         step = int(op.progress.get("step", 0))
         steps = int(params.get("steps", 1))
+        started = time.time()
         self._slow(params)
         if params.get("fail"):
             return Failed("asked to fail")
@@ -115,7 +123,11 @@ class FakeService(Service):
         if not path.exists():  # look up before create: a re-run finds what a dead run built
             path.write_text(json.dumps({"size": params.get("size", 1), "plan": op.plan.id}))
             self._log("create", op.instance.id)
+            time.sleep(float(params.get("sleep_after", 0)))
         op.set_resources(fake_id=f"fake-{op.instance.id}")
+        # every pass that got this far, with when it ran and in which process: tests check
+        # that no two passes of one operation overlapped and no step ran twice
+        self._log("pass", f"{op.instance.id} {step} {os.getpid()} {started:.6f} {time.time():.6f}")
         if step + 1 < steps:
             op.save(step=step + 1)
             return Pending(f"step {step + 1} of {steps}", retry_after=0.01)
@@ -128,7 +140,7 @@ class FakeService(Service):
         return Done("updated")
 
     def deprovision(self, op: OperationContext) -> Outcome:
-        self._slow({"sleep": op.instance.parameters.get("sleep", 0)})
+        time.sleep(float(op.instance.parameters.get("deprovision_sleep", 0)))
         path = self._file("instance", op.instance.id)
         if path.exists():
             path.unlink()
@@ -146,6 +158,7 @@ class FakeService(Service):
         secret = secrets.token_hex(16)
         path.write_text(secret)
         self._log("create-binding", op.binding.id)
+        time.sleep(float(op.parameters.get("sleep_after", 0)))
         op.set_resources(credential_id=f"cred-{op.binding.id}")
         return Done(
             "bound",

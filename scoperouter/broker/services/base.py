@@ -226,7 +226,8 @@ class OperationContext(abc.ABC):
     @property
     @abc.abstractmethod
     def cancelled(self) -> bool:
-        """A DELETE arrived for the instance while this provision ran: stop building."""
+        """A DELETE arrived for the instance (binding) while this provision (bind) ran: stop
+        building and return (any outcome: the operation is recorded as stopped)."""
 
     @abc.abstractmethod
     def save(self, **progress: Any) -> None:
