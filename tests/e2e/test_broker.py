@@ -327,8 +327,16 @@ def test_secrets_never_in_logs_or_gets(broker: BrokerEnv) -> None:
     ):
         assert secret not in json.dumps(text)
     show = subprocess.run(
-        [sys.executable, "-m", "scoperouter.broker", "show", "--config", str(broker.config)]
-        + [instance, "--json"],
+        [
+            sys.executable,
+            "-m",
+            "scoperouter.broker",
+            "show",
+            "--config",
+            str(broker.config),
+            instance,
+            "--json",
+        ],
         capture_output=True,
         text=True,
         check=False,
