@@ -246,6 +246,8 @@ def test_space_of_platform_contexts() -> None:
     k8s = space_of({"platform": "kubernetes", "clusterid": "c1", "namespace": "ns"})
     assert k8s.parts == (("clusterid", "c1"), ("namespace", "ns"))
     assert k8s.tag != cf.tag
+    crossplane = space_of({"platform": "kubernetes", "clusterId": "c1", "namespace": "ns"})
+    assert crossplane == k8s
     assert space_of({}).parts == (("space", "default"),)
 
 
