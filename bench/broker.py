@@ -249,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
                 results[name] = result.as_dict()
                 ok = result.rps >= GOAL_RPS and result.p99_ms < GOAL_P99_MS
                 print(
-                    f"{name:15} {args.processes} process(es), {args.connections} pollers: {result.rps:8,.0f} req/s  "
+                    f"{name:15} {args.processes} process(es), {args.connections} pollers: "
+                    f"{result.rps:8,.0f} req/s  "
                     f"p50 {result.p50_ms:6.1f} ms  p99 {result.p99_ms:6.1f} ms  "
                     f"errors {result.error_count}  "
                     f"goal >= {GOAL_RPS:,.0f} req/s, p99 < {GOAL_P99_MS:.0f} ms: "
