@@ -15,17 +15,19 @@ DESCRIPTION = """\
 Real OpenStack clouds on this machine, each fronted by a scoperouter.
 
 Cloud i (CloudOne, CloudTwo, ...) runs keystone, glance, placement, nova (fake virt driver) and a
-read-only network stand-in on 127.0.1.(1+i); its router listens on 127.0.0.(1+i) at the same
-ports (what the keystone catalog advertises) and on 127.0.0.(1+i):3128 (the services' HTTP
-proxy). PostgreSQL and RabbitMQ on 127.0.0.1 are shared. Everything listens on loopback only.
+small network stand-in (one shared network and its ports) on 127.0.1.(1+i); its router listens
+on 127.0.0.(1+i) at the same ports (what the keystone catalog advertises) and on
+127.0.0.(1+i):3128 (the services' HTTP proxy). PostgreSQL and RabbitMQ on 127.0.0.1 are shared. Everything listens on loopback only.
 """
 
 UP_HELP = """\
 Install what is missing (Debian packages postgresql and rabbitmq-server, a virtualenv with the
 pinned OpenStack release in <dir>/venv), start every process that is not already running and
-healthy, seed each cloud (region = cloud name; users admin and demo; project demo; flavor m1.tiny;
-image tiny) and write <dir>/clouds.yaml and <dir>/federation.yaml. Safe to re-run: healthy
-processes are left alone, one-time steps are skipped. First run ~4-5 minutes, re-runs seconds.
+healthy, seed each cloud (region = cloud name; users admin, demo and alt_demo with projects demo
+and alt_demo; devstack's flavors m1.tiny .. m1.xlarge, cirros256, ds512M .. ds4G; images tiny and
+cirros-0.6.3-x86_64-disk; a shared network `private`) and write <dir>/clouds.yaml and
+<dir>/federation.yaml. Safe to re-run: healthy processes are left alone, one-time steps are
+skipped. First run ~4-5 minutes, re-runs seconds.
 """
 
 

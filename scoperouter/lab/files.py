@@ -91,13 +91,15 @@ def _entry(cloud: CloudSpec, routed: bool, user: str, password: str | None, proj
 
 
 def clouds_config(clouds: Sequence[CloudSpec], secrets: SecretsOf, routed: bool) -> dict:
-    """`<cloud>` (demo user, demo project), `<cloud>-admin`, `<cloud>-router` (the user the
-    routers of the other clouds use there: service role only). The lab user's file: every
-    entry has the password of its own cloud only."""
+    """`<cloud>` (demo user, demo project), `<cloud>-alt` (alt_demo, a second ordinary user),
+    `<cloud>-admin`, `<cloud>-router` (the user the routers of the other clouds use there:
+    service role only). The lab user's file: every entry has the password of its own cloud
+    only."""
     out: dict[str, dict] = {}
     for cloud in clouds:
         sec = _secrets(secrets, cloud)
         out[cloud.slug] = _entry(cloud, routed, "demo", sec.demo, "demo")
+        out[f"{cloud.slug}-alt"] = _entry(cloud, routed, "alt_demo", sec.alt_demo, "alt_demo")
         out[f"{cloud.slug}-admin"] = _entry(cloud, routed, "admin", sec.admin, "admin")
         out[router_entry(cloud)] = _entry(cloud, routed, "scoperouter", sec.router, "service")
     return {"clouds": out}

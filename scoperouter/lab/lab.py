@@ -136,7 +136,7 @@ class Lab:
         for key in ("db", "rabbit"):
             shared.setdefault(key, secrets.token_urlsafe(12))
         own = self.state.setdefault("cloud_secrets", {}).setdefault(cloud.slug, {})
-        for key in ("admin", "demo", "service", "router"):
+        for key in ("admin", "demo", "service", "router", "alt_demo"):
             own.setdefault(key, secrets.token_urlsafe(12))
         return Secrets(db=shared["db"], rabbit=shared["rabbit"], **own)
 

@@ -55,11 +55,12 @@ SERVICE_TYPE = {
     "nova": "compute",
     "network": "network",
 }
-# Databases per selected service.
-DATABASES = {
+# Databases per selected service, in the shared PostgreSQL (placement uses SQLite: see
+# templates.placement_conf).
+DATABASES: dict[str, tuple[str, ...]] = {
     "keystone": ("keystone",),
     "glance": ("glance",),
-    "placement": ("placement",),
+    "placement": (),
     "nova": ("nova_api", "nova_cell0", "nova_cell1"),
 }
 

@@ -1,8 +1,24 @@
-"""A tiny read-only stand-in for the network service (neutron) of a lab cloud.
+"""A small stand-in for the network service (neutron) of a lab cloud.
 
-Nova calls the network service even for servers created with ``--nic none`` (show, list and
-delete ask ``GET /v2.0/ports?device_id=...``); real neutron is heavy, so this answers every list
-call with an empty list, every show with 404 and every write with 403. It does not check tokens.
+Real neutron is heavy (agents, OVS); nova needs only a few of its calls to give a server a
+network: list the networks a project may use, create a port on one, bind it to the compute host
+(``binding:host_id``), list the server's ports, subnets and floating IPs to build its addresses,
+and delete the port with the server. This stand-in answers exactly those, from memory:
+
+* one network, ``private`` (shared, so every project's automatic networking — nova's
+  ``networks: auto`` or no ``--nic`` — finds exactly one), with one IPv4 subnet
+  ``private-subnet`` (10.0.0.0/24); stable ids across restarts;
+* ports: create (a fixed IP from the subnet, a MAC), show, list with neutron's equality
+  filters and ``fields``, update (binding to a host makes the port ACTIVE with vif type
+  ``ovs``), delete;
+* a ``default`` security group per project (as neutron creates on first use); quotas
+  unlimited; no extensions; no floating IPs;
+* every other write is refused with 403 (NeutronError JSON): networks, subnets, routers and
+  floating IPs are a limit of the lab, which `lab up` documents.
+
+State lives in memory (a restart forgets ports; nova tolerates a port that is gone when it
+deletes a server). Tokens are not checked: everything listens on the lab's loopback backend
+address, behind the cloud's router.
 
 Run: ``python -m scoperouter.lab.netstub --listen 127.0.1.2:9696`` (stdlib only).
 """
@@ -11,25 +27,248 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
 import json
 import re
 import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 _COLLECTION = re.compile(r"^/v2\.0/([a-z0-9_-]+?)(?:\.json)?/?$")
 _ITEM = re.compile(r"^/v2\.0/([a-z0-9_-]+)/([^/]+?)(?:\.json)?/?$")
 _QUOTA_KEYS = ("network", "subnet", "port", "router", "floatingip", "security_group",
                "security_group_rule")  # fmt: skip
+NETWORK_NAME = "private"
+SUBNET_CIDR = "10.0.0.0/24"
+MAX_BODY = 1 << 20  # a port body is a few hundred bytes
+
+Resource = dict[str, Any]
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _singular(collection: str) -> str:
+    """``security_groups`` -> ``security_group``; ``policies`` -> ``policy``."""
+    if collection.endswith("ies"):
+        return collection[:-3] + "y"
+    return collection[:-1] if collection.endswith("s") else collection
+
+
+class NotFound(Exception):
+    pass
+
+
+class BadRequest(Exception):
+    pass
+
+
+def _matches(item: Mapping[str, Any], key: str, wanted: list[str]) -> bool:
+    """neutron's list filters: ``?k=v&k=w`` keeps items whose k is v or w (strings compared the
+    way neutron's API renders them: booleans as True/False, case-insensitively)."""
+    if key == "fixed_ips":  # fixed_ips=ip_address=10.0.0.3 / subnet_id=...
+        for cond in wanted:
+            name, _, value = cond.partition("=")
+            if not any(str(ip.get(name)) == value for ip in item.get("fixed_ips", [])):
+                return False
+        return True
+    if key not in item:
+        return False
+    value = item[key]
+    if isinstance(value, bool):
+        return any(w.lower() == str(value).lower() for w in wanted)
+    if isinstance(value, list):
+        return any(w in (str(v) for v in value) for w in wanted)
+    return str(value) in wanted
+
+
+class Store:
+    """The stand-in's resources, keyed by collection name (``networks``, ``ports`` ...)."""
+
+    def __init__(self, seed: str) -> None:
+        self.lock = threading.Lock()
+        self.seed = seed
+        ns = uuid.uuid5(uuid.NAMESPACE_URL, f"scoperouter-lab-network:{seed}")
+        self.network_id = str(uuid.uuid5(ns, "network"))
+        self.subnet_id = str(uuid.uuid5(ns, "subnet"))
+        net = ipaddress.ip_network(SUBNET_CIDR)
+        self.hosts = [str(h) for h in net.hosts()]
+        stamp = _now()
+        common = {"tenant_id": "", "project_id": "", "created_at": stamp, "updated_at": stamp,
+                  "revision_number": 1, "tags": [], "description": ""}  # fmt: skip
+        self.data: dict[str, dict[str, Resource]] = {
+            "networks": {
+                self.network_id: {
+                    **common,
+                    "id": self.network_id,
+                    "name": NETWORK_NAME,
+                    "status": "ACTIVE",
+                    "admin_state_up": True,
+                    "shared": True,
+                    "router:external": False,
+                    "is_default": False,
+                    "mtu": 1450,
+                    "port_security_enabled": True,
+                    "subnets": [self.subnet_id],
+                    "availability_zones": ["nova"],
+                    "availability_zone_hints": [],
+                    "ipv4_address_scope": None,
+                    "ipv6_address_scope": None,
+                    "provider:network_type": "local",
+                    "provider:physical_network": None,
+                    "provider:segmentation_id": None,
+                }
+            },
+            "subnets": {
+                self.subnet_id: {
+                    **common,
+                    "id": self.subnet_id,
+                    "name": f"{NETWORK_NAME}-subnet",
+                    "network_id": self.network_id,
+                    "ip_version": 4,
+                    "cidr": SUBNET_CIDR,
+                    "gateway_ip": self.hosts[0],
+                    "allocation_pools": [{"start": self.hosts[1], "end": self.hosts[-1]}],
+                    "enable_dhcp": False,
+                    "dns_nameservers": [],
+                    "host_routes": [],
+                    "ipv6_address_mode": None,
+                    "ipv6_ra_mode": None,
+                    "subnetpool_id": None,
+                    "segment_id": None,
+                    "service_types": [],
+                    "shared": True,
+                }
+            },
+            "ports": {},
+            "security_groups": {},
+        }
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def list(self, collection: str, query: Mapping[str, list[str]]) -> list[Resource]:
+        with self.lock:
+            if collection == "security_groups":
+                for project in query.get("tenant_id", []) + query.get("project_id", []):
+                    self._default_group(project)
+            items = list(self.data.get(collection, {}).values())
+        fields = [f for value in query.get("fields", []) for f in value.split(",") if f]
+        for key, wanted in query.items():
+            if key in ("fields", "limit", "marker", "sort_key", "sort_dir", "page_reverse"):
+                continue
+            items = [i for i in items if _matches(i, key, wanted)]
+        return [_project(i, fields) for i in items]
+
+    def show(self, collection: str, ident: str, fields: Iterable[str] = ()) -> Resource:
+        with self.lock:
+            item = self.data.get(collection, {}).get(ident)
+        if item is None:
+            raise NotFound(f"{_singular(collection)} {ident} could not be found")
+        return _project(item, list(fields))
+
+    # -- ports ----------------------------------------------------------------------------
+
+    def _default_group(self, project: str) -> str:
+        """neutron creates a project's ``default`` security group on first use."""
+        gid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{self.seed}:sg:{project}"))
+        if gid not in self.data["security_groups"]:
+            stamp = _now()
+            self.data["security_groups"][gid] = {
+                "id": gid, "name": "default", "description": "Default security group",
+                "tenant_id": project, "project_id": project, "security_group_rules": [],
+                "stateful": True, "shared": False, "tags": [], "created_at": stamp,
+                "updated_at": stamp, "revision_number": 1,
+            }  # fmt: skip
+        return gid
+
+    def _next_ip(self) -> str:
+        used = {ip["ip_address"] for p in self.data["ports"].values() for ip in p["fixed_ips"]}
+        for host in self.hosts[1:]:
+            if host not in used:
+                return host
+        raise BadRequest(f"no more IP addresses available on network {self.network_id}")
+
+    def create_port(self, body: Resource) -> Resource:
+        network_id = body.get("network_id")
+        if not isinstance(network_id, str) or not network_id:
+            raise BadRequest("network_id is required to create a port")
+        project = str(body.get("project_id") or body.get("tenant_id") or "")
+        with self.lock:
+            if network_id not in self.data["networks"]:
+                raise NotFound(f"network {network_id} could not be found")
+            pid = str(uuid.uuid4())
+            stamp = _now()
+            mac = "fa:16:3e:" + ":".join(f"{b:02x}" for b in uuid.UUID(pid).bytes[:3])
+            port: Resource = {
+                "id": pid, "name": "", "description": "", "network_id": network_id,
+                "tenant_id": project, "project_id": project, "mac_address": mac,
+                "admin_state_up": True, "status": "DOWN", "device_id": "", "device_owner": "",
+                "fixed_ips": [{"subnet_id": self.subnet_id, "ip_address": self._next_ip()}],
+                "security_groups": [self._default_group(project)] if project else [],
+                "allowed_address_pairs": [], "extra_dhcp_opts": [], "tags": [],
+                "port_security_enabled": True, "qos_policy_id": None, "dns_name": "",
+                "binding:host_id": "", "binding:vif_type": "unbound",
+                "binding:vnic_type": "normal", "binding:vif_details": {}, "binding:profile": {},
+                "created_at": stamp, "updated_at": stamp, "revision_number": 1,
+            }  # fmt: skip
+            port.update({k: v for k, v in body.items() if k in _PORT_WRITABLE})
+            _bind(port)
+            self.data["ports"][pid] = port
+            return dict(port)
+
+    def update_port(self, ident: str, body: Resource) -> Resource:
+        with self.lock:
+            port = self.data["ports"].get(ident)
+            if port is None:
+                raise NotFound(f"port {ident} could not be found")
+            port.update({k: v for k, v in body.items() if k in _PORT_WRITABLE})
+            port["updated_at"] = _now()
+            port["revision_number"] += 1
+            _bind(port)
+            return dict(port)
+
+    def delete_port(self, ident: str) -> None:
+        with self.lock:
+            if self.data["ports"].pop(ident, None) is None:
+                raise NotFound(f"port {ident} could not be found")
+
+
+# what nova (and a user) may set on a port; ids, MAC, IPs and status are the stand-in's
+_PORT_WRITABLE = frozenset(
+    ("name", "description", "admin_state_up", "device_id", "device_owner", "binding:host_id",
+     "binding:profile", "binding:vnic_type", "dns_name", "tags", "security_groups")
+)  # fmt: skip
+
+
+def _bind(port: Resource) -> None:
+    """A port bound to a host is ACTIVE with an OVS vif, as neutron's agents would report."""
+    if port.get("binding:host_id"):
+        details = {"port_filter": True, "ovs_hybrid_plug": False}
+        port.update({"status": "ACTIVE", "binding:vif_type": "ovs", "binding:vif_details": details})
+    else:
+        port.update({"status": "DOWN", "binding:vif_type": "unbound", "binding:vif_details": {}})
+
+
+def _project(item: Resource, fields: list[str]) -> Resource:
+    return {k: v for k, v in item.items() if k in fields} if fields else dict(item)
 
 
 class Handler(BaseHTTPRequestHandler):
-    server_version = "scoperouter-lab-network/1"
+    server_version = "scoperouter-lab-network/2"
     protocol_version = "HTTP/1.1"
+    store: Store  # set on the class made by make_server()
 
-    def _send(self, status: int, body: object) -> None:
-        payload = json.dumps(body).encode()
+    def _send(self, status: int, body: object | None) -> None:
+        payload = b"" if body is None else json.dumps(body).encode()
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        if body is not None:
+            self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
         self.send_header("Connection", "close")
         self.end_headers()
@@ -44,61 +283,129 @@ class Handler(BaseHTTPRequestHandler):
         host, port = self.server.server_address[:2]
         return self.headers.get("Host") or f"{host}:{port}"
 
+    def _target(self) -> tuple[str, dict[str, list[str]]]:
+        parts = urlsplit(self.path)
+        return parts.path, parse_qs(parts.query)
+
+    def _body(self, collection: str) -> Resource:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY:
+            raise BadRequest(f"request body over {MAX_BODY} bytes")
+        raw = self.rfile.read(length) if length else b""
+        try:
+            data = json.loads(raw or b"{}")
+        except ValueError:
+            raise BadRequest("the request body is not JSON") from None
+        key = _singular(collection)
+        if not isinstance(data, dict) or not isinstance(data.get(key), dict):
+            raise BadRequest(f"the request body must be an object with a {key!r} object")
+        return data[key]
+
+    def _handle(self, fn: Any) -> None:
+        try:
+            fn()
+        except NotFound as exc:
+            self._error(404, "NotFound", str(exc))
+        except BadRequest as exc:
+            self._error(400, "BadRequest", str(exc))
+
     def do_GET(self) -> None:
-        path = self.path.partition("?")[0]
-        base = f"http://{self._host()}"
+        self._handle(self._get)
+
+    def _get(self) -> None:
+        path, query = self._target()
         if path in ("", "/"):
-            self._send(
-                200,
-                {
-                    "versions": [
-                        {
-                            "id": "v2.0",
-                            "status": "CURRENT",
-                            "links": [{"href": base + "/v2.0/", "rel": "self"}],
-                        }
-                    ]
-                },
-            )
+            link = {"href": f"http://{self._host()}/v2.0/", "rel": "self"}
+            self._send(200, {"versions": [{"id": "v2.0", "status": "CURRENT", "links": [link]}]})
             return
         if path.rstrip("/") == "/v2.0":
             self._send(200, {"resources": []})
             return
         m = _COLLECTION.match(path)
         if m:
-            self._send(200, {m.group(1).replace("-", "_"): []})
+            collection = m.group(1).replace("-", "_")
+            self._send(200, {collection: self.store.list(collection, query)})
             return
         m = _ITEM.match(path)
         if m and m.group(1) == "quotas":
             self._send(200, {"quota": {k: -1 for k in _QUOTA_KEYS}})
             return
         if m:
-            self._error(404, "NotFound", f"{m.group(1)} {m.group(2)} could not be found")
+            collection = m.group(1).replace("-", "_")
+            fields = [f for v in query.get("fields", []) for f in v.split(",") if f]
+            item = self.store.show(collection, m.group(2), fields)
+            self._send(200, {_singular(collection): item})
             return
         self._error(404, "NotFound", f"no resource at {path}")
 
     do_HEAD = do_GET
 
+    def do_POST(self) -> None:
+        self._handle(self._post)
+
+    def _post(self) -> None:
+        path, _ = self._target()
+        m = _COLLECTION.match(path)
+        if m and m.group(1) == "ports":
+            self._send(201, {"port": self.store.create_port(self._body("ports"))})
+            return
+        self._read_only()
+
+    def do_PUT(self) -> None:
+        self._handle(self._put)
+
+    def _put(self) -> None:
+        path, _ = self._target()
+        m = _ITEM.match(path)
+        if m and m.group(1) == "ports":
+            self._send(200, {"port": self.store.update_port(m.group(2), self._body("ports"))})
+            return
+        self._read_only()
+
+    def do_DELETE(self) -> None:
+        self._handle(self._delete)
+
+    def _delete(self) -> None:
+        path, _ = self._target()
+        m = _ITEM.match(path)
+        if m and m.group(1) == "ports":
+            self.store.delete_port(m.group(2))
+            self._send(204, None)
+            return
+        self._read_only()
+
     def _read_only(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
-        if length:
+        if 0 < length <= MAX_BODY:
             self.rfile.read(length)
-        self._error(403, "Forbidden", "the lab's network stand-in is read-only")
+        self._error(
+            403,
+            "Forbidden",
+            "the lab's network stand-in serves one shared network and its ports; "
+            f"{self.command} {self._target()[0]} is not supported",
+        )
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = _read_only
+    do_PATCH = _read_only
 
     def log_message(self, fmt: str, *args: object) -> None:
         sys.stderr.write(f"{self.log_date_time_string()} {fmt % args}\n")
         sys.stderr.flush()
 
 
+def make_server(host: str, port: int) -> ThreadingHTTPServer:
+    """A stand-in on host:port (not yet serving); its ids derive from the address."""
+    handler = type("BoundHandler", (Handler,), {"store": Store(f"{host}:{port}")})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    return server
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--listen", required=True, help="HOST:PORT to listen on")
     args = parser.parse_args(argv)
     host, _, port = args.listen.rpartition(":")
-    server = ThreadingHTTPServer((host, int(port)), Handler)
-    server.daemon_threads = True
+    server = make_server(host, int(port))
     sys.stderr.write(f"network stand-in listening on {args.listen}\n")
     sys.stderr.flush()
     with contextlib.suppress(KeyboardInterrupt):

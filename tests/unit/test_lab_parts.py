@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -24,7 +25,7 @@ from scoperouter.lab.layout import CloudSpec, resolve_services
 from scoperouter.lab.procs import ProcessTable, group_members
 from scoperouter.lab.templates import Secrets
 
-SECRETS = Secrets(admin="a", demo="d", service="s", db="p", rabbit="r", router="x")
+SECRETS = Secrets(admin="a", demo="d", service="s", db="p", rabbit="r", router="x", alt_demo="l")
 
 
 def _rows(cloud: CloudSpec, routed: bool) -> list[dict[str, str]]:
@@ -66,8 +67,10 @@ def test_federation_config_refuses_foreign_urls():
 
 def test_clouds_yaml_entries():
     data = files.clouds_config([CloudSpec(1), CloudSpec(2)], SECRETS, routed=True)["clouds"]
-    assert set(data) == {"cloudone", "cloudone-admin", "cloudone-router", "cloudtwo",
-                         "cloudtwo-admin", "cloudtwo-router"}  # fmt: skip
+    kinds = ("", "-alt", "-admin", "-router")
+    assert set(data) == {c + k for c in ("cloudone", "cloudtwo") for k in kinds}
+    assert data["cloudone-alt"]["auth"]["username"] == "alt_demo"
+    assert data["cloudone-alt"]["auth"]["project_name"] == "alt_demo"
     assert data["cloudtwo"]["auth"]["auth_url"] == "http://127.0.0.3:5000/v3"
     assert data["cloudtwo"]["region_name"] == "CloudTwo"
     assert data["cloudone-router"]["auth"]["username"] == "scoperouter"
@@ -77,7 +80,7 @@ def test_clouds_yaml_entries():
 def test_clouds_yaml_entries_have_their_own_clouds_secrets():
     one, two = CloudSpec(1), CloudSpec(2)
     sec = {one: SECRETS, two: Secrets(admin="A2", demo="D2", service="S2", db="p", rabbit="r",
-                                      router="X2")}  # fmt: skip
+                                      router="X2", alt_demo="L2")}  # fmt: skip
     data = files.clouds_config([one, two], sec, routed=True)["clouds"]
     assert data["cloudone-admin"]["auth"]["password"] == "a"
     assert data["cloudtwo-admin"]["auth"]["password"] == "A2"
@@ -88,7 +91,7 @@ def test_clouds_yaml_entries_have_their_own_clouds_secrets():
 def test_router_clouds_yaml_names_only_the_other_clouds_router_users():
     one, two = CloudSpec(1), CloudSpec(2)
     sec = {one: SECRETS, two: Secrets(admin="A2", demo="D2", service="S2", db="p", rabbit="r",
-                                      router="X2")}  # fmt: skip
+                                      router="X2", alt_demo="L2")}  # fmt: skip
     clouds, secure = files.router_clouds_config([two], sec, routed=True)
     assert set(clouds["clouds"]) == {"cloudtwo-router"}
     auth = clouds["clouds"]["cloudtwo-router"]["auth"]
@@ -133,13 +136,21 @@ def test_help_texts(capsys):
     assert "--clouds" in out and "--purge" in out and "--services" in out
 
 
-def _get(url: str) -> tuple[int, dict]:
+def _call(method: str, url: str, body: object = None) -> tuple[int, dict]:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
     try:
-        with opener.open(url, timeout=5) as resp:
-            return resp.status, json.loads(resp.read())
+        with opener.open(req, timeout=5) as resp:
+            raw = resp.read()
+            return resp.status, json.loads(raw) if raw else {}
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read())
+
+
+def _get(url: str) -> tuple[int, dict]:
+    return _call("GET", url)
 
 
 def test_network_stand_in_and_process_table(tmp_path: Path):
@@ -164,17 +175,67 @@ def test_network_stand_in_and_process_table(tmp_path: Path):
         assert status == 404 and "NeutronError" in body
         status, body = _get(f"http://{host}:{port}/")
         assert body["versions"][0]["id"] == "v2.0"
-        req = urllib.request.Request(f"http://{host}:{port}/v2.0/networks", data=b"{}",
-                                     method="POST")  # fmt: skip
-        with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=5)
-        assert err.value.code == 403
+        status, body = _call("POST", f"http://{host}:{port}/v2.0/networks", {"network": {}})
+        assert status == 403 and "NeutronError" in body
         assert group_members(rec.pgid) == [rec.pid]
     finally:
         assert table.stop("netstub", timeout=10) is True
     assert not port_open(host, port)
     assert table.get("netstub") is None
     assert table.stop("netstub") is False  # nothing left to stop
+
+
+def test_network_stand_in_serves_what_nova_asks_for_a_server():
+    """nova's automatic networking, call by call: find the one network a project may use, make
+    a port, bind it, build the addresses, delete it with the server."""
+    from scoperouter.lab.netstub import make_server
+
+    server = make_server("127.0.0.1", 0)
+    base = f"http://127.0.0.1:{server.server_address[1]}/v2.0"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        project = "p1"
+        _, own = _get(f"{base}/networks?tenant_id={project}&shared=False&admin_state_up=True")
+        _, shared = _get(f"{base}/networks?shared=True")
+        assert own == {"networks": []}
+        assert [n["name"] for n in shared["networks"]] == ["private"]
+        net = shared["networks"][0]
+        _, by_name = _get(f"{base}/networks?name=private&fields=id&fields=name")
+        assert by_name == {"networks": [{"id": net["id"], "name": "private"}]}
+        status, made = _call("POST", f"{base}/ports", {"port": {
+            "network_id": net["id"], "tenant_id": project, "admin_state_up": True,
+            "device_id": "vm-1", "device_owner": "compute:nova", "mac_address": "x"}})  # fmt: skip
+        assert status == 201
+        port = made["port"]
+        assert port["status"] == "DOWN" and port["binding:vif_type"] == "unbound"
+        assert port["mac_address"].startswith("fa:16:3e:")
+        ip = port["fixed_ips"][0]["ip_address"]
+        assert ip == "10.0.0.2" and port["fixed_ips"][0]["subnet_id"] == net["subnets"][0]
+        _, bound = _call("PUT", f"{base}/ports/{port['id']}",
+                         {"port": {"binding:host_id": "cloudone-compute"}})  # fmt: skip
+        assert bound["port"]["status"] == "ACTIVE" and bound["port"]["binding:vif_type"] == "ovs"
+        _, mine = _get(f"{base}/ports?device_id=vm-1")
+        _, other = _get(f"{base}/ports?device_id=vm-2")
+        assert [p["id"] for p in mine["ports"]] == [port["id"]] and other == {"ports": []}
+        _, by_ip = _get(f"{base}/ports?fixed_ips=ip_address%3D{ip}")
+        assert [p["id"] for p in by_ip["ports"]] == [port["id"]]
+        _, subnets = _get(f"{base}/subnets?id={net['subnets'][0]}")
+        assert subnets["subnets"][0]["cidr"] == "10.0.0.0/24"
+        _, groups = _get(f"{base}/security-groups?tenant_id={project}&fields=id&fields=name")
+        assert [g["name"] for g in groups["security_groups"]] == ["default"]
+        assert port["security_groups"] == [groups["security_groups"][0]["id"]]
+        _, second = _call("POST", f"{base}/ports", {"port": {"network_id": net["id"]}})
+        assert second["port"]["fixed_ips"][0]["ip_address"] == "10.0.0.3"
+        assert _call("DELETE", f"{base}/ports/{port['id']}")[0] == 204
+        assert _call("DELETE", f"{base}/ports/{port['id']}")[0] == 404
+        assert _get(f"{base}/ports?device_id=vm-1")[1] == {"ports": []}
+        assert _call("POST", f"{base}/ports", {"port": {"network_id": "nope"}})[0] == 404
+        assert _call("POST", f"{base}/ports", {"port": "x"})[0] == 400
+        assert _call("DELETE", f"{base}/networks/{net['id']}")[0] == 403
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_stop_ignores_a_reused_pid(tmp_path: Path):
