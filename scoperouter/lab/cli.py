@@ -17,7 +17,8 @@ Real OpenStack clouds on this machine, each fronted by a scoperouter.
 Cloud i (CloudOne, CloudTwo, ...) runs keystone, glance, placement, nova (fake virt driver) and a
 small network stand-in (one shared network and its ports) on 127.0.1.(1+i); its router listens
 on 127.0.0.(1+i) at the same ports (what the keystone catalog advertises) and on
-127.0.0.(1+i):3128 (the services' HTTP proxy). PostgreSQL and RabbitMQ on 127.0.0.1 are shared. Everything listens on loopback only.
+127.0.0.(1+i):3128 (the services' HTTP proxy). PostgreSQL and RabbitMQ on 127.0.0.1 are shared.
+Everything listens on loopback only.
 """
 
 UP_HELP = """\

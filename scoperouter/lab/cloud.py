@@ -19,7 +19,7 @@ from pathlib import Path
 from scoperouter.lab import templates as T
 from scoperouter.lab.api import Keystone, http_status, request, wait_for
 from scoperouter.lab.infra import run, tail
-from scoperouter.lab.layout import SERVICE_TYPE, CloudSpec
+from scoperouter.lab.layout import SERVICE_TYPE, STAND_INS, CloudSpec
 from scoperouter.lab.procs import ProcessTable, fingerprint
 
 SERVICE_USERS = {"glance": "glance", "placement": "placement", "nova": "nova"}
@@ -46,9 +46,10 @@ FLAVORS = (
     {"id": "d3", "name": "ds2G", "ram": 2048, "disk": 10, "vcpus": 2},
     {"id": "d4", "name": "ds4G", "ram": 4096, "disk": 20, "vcpus": 4},
 )
-# the seeded projects whose compute quotas are raised (default: 10 instances)
-QUOTA_PROJECTS = ("demo", "alt_demo", "admin")
-DEMO_QUOTA = {"instances": 100, "cores": 400, "ram": 2048000}
+# nova's default quotas (10 instances, 20 cores, 50 GB) raised for every project: set on the
+# `default` quota class, so a project's quota reverts to these when its own is deleted (as
+# openstacksdk's quota tests do with the demo project)
+DEFAULT_QUOTA = {"instances": 100, "cores": 400, "ram": 2048000}
 
 # API process -> (WSGI application, service type (port), uWSGI processes, threads per process).
 # One keystone process: its in-process cache must be consistent (see templates.keystone_conf).
@@ -125,7 +126,7 @@ class CloudRunner:
         return f"{self.cloud.name}: {text}"
 
     def process_names(self) -> list[str]:
-        names = ["keystone", "network"]
+        names = ["keystone", *STAND_INS]
         if "glance" in self.services:
             names.append("glance")
         if "placement" in self.services:
@@ -318,10 +319,11 @@ class CloudRunner:
     def _spec(self, what: str) -> tuple[list[str], str]:
         """argv and fingerprint of one process of this cloud."""
         nova_etc = self.ctx.etc("nova")
-        if what == "network":
-            argv = [sys.executable, "-m", "scoperouter.lab.netstub", "--listen",
-                    f"{self.cloud.back_ip}:{self.cloud.port('network')}"]  # fmt: skip
-            confs = [Path(__file__).with_name("netstub.py")]
+        if what in STAND_INS:
+            stype, module, _ = STAND_INS[what]
+            argv = [sys.executable, "-m", module, "--listen",
+                    f"{self.cloud.back_ip}:{self.cloud.port(stype)}"]  # fmt: skip
+            confs = [Path(__file__).with_name(module.rsplit(".", 1)[1] + ".py")]
         elif what in API_PROCESSES:
             service = what.split("-")[0]
             argv = [str(self.paths.venv_bin("uwsgi")), "--ini", str(self.uwsgi_ini(what))]
@@ -363,14 +365,14 @@ class CloudRunner:
     def start_api(self, name: str) -> str:
         return self._start(name)
 
-    def start_network(self) -> str:
-        return self._start("network")
+    def start_stand_ins(self) -> list[str]:
+        return [self._start(name) for name in STAND_INS]
 
     def start_nova_daemon(self, name: str) -> str:
         return self._start(name)
 
     def api_healthy(self, name: str) -> bool:
-        stype = "network" if name == "network" else API_PROCESSES[name][1]
+        stype = STAND_INS[name][0] if name in STAND_INS else API_PROCESSES[name][1]
         status = http_status(self.cloud.backend_url(stype) + "/")
         return status is not None and status < 500
 
@@ -421,14 +423,15 @@ class CloudRunner:
         ks.grant(alt_project, alt, "member")
         region = self.cloud.region
         names = {"identity": "keystone", "image": "glance", "placement": "placement",
-                 "compute": "nova", "network": "neutron"}  # fmt: skip
+                 "compute": "nova"}  # fmt: skip
+        names.update({stype: name for stype, _, name in STAND_INS.values()})
         for stype in self.service_types():
             sid = ks.ensure_service(stype, names[stype])
             ks.ensure_endpoint(sid, "public", self.cloud.endpoint_url(stype, routed), region)
         return f"{len(self.service_types())} endpoints -> {'router' if routed else 'backends'}"
 
     def service_types(self) -> list[str]:
-        types = ["identity", "network"]
+        types = ["identity", *(stype for stype, _, _ in STAND_INS.values())]
         for s in ("glance", "placement", "nova"):
             if s in self.services:
                 types.append(SERVICE_TYPE[s])
@@ -441,7 +444,7 @@ class CloudRunner:
 
     def start_services(self) -> str:
         self._stop_changed()
-        results = [self.start_network()]
+        results = self.start_stand_ins()
         for name in ("glance", "placement"):
             if name in self.services:
                 results.append(self.start_api(name))
@@ -453,9 +456,9 @@ class CloudRunner:
         return f"{started} started, {len(results) - started} already running"
 
     def wait_services(self) -> str:
-        for name in ("network", "glance", "placement", "nova-api"):
+        for name in (*STAND_INS, "glance", "placement", "nova-api"):
             service = name.split("-")[0]
-            if name == "network" or service in self.services:
+            if name in STAND_INS or service in self.services:
                 self.wait_api(name)
         if "nova" in self.services:
             self.wait_compute()
@@ -588,7 +591,6 @@ class CloudRunner:
                 ks.call("DELETE", f"{nova}/flavors/{old['id']}", ok=(404,))
             ks.call("POST", f"{nova}/flavors", {"flavor": dict(want)})
             made += 1
-        for project in QUOTA_PROJECTS:
-            pid = ks.find("projects", project, domain_id="default")["id"]
-            ks.call("PUT", f"{nova}/os-quota-sets/{pid}", {"quota_set": dict(DEMO_QUOTA)})
-        return f"{len(FLAVORS)} flavors ({made} created), quotas raised"
+        ks.call("PUT", f"{nova}/os-quota-class-sets/default",
+                {"quota_class_set": dict(DEFAULT_QUOTA)})  # fmt: skip
+        return f"{len(FLAVORS)} flavors ({made} created), default quotas raised"

@@ -31,6 +31,7 @@ from scoperouter.lab.layout import (
     MAX_CLOUDS,
     PROXY_PORT,
     SERVICE_PORTS,
+    STAND_INS,
     CloudSpec,
     LabPaths,
 )
@@ -41,7 +42,7 @@ ROUTER_CODE = "import sys; from scoperouter.cli import main; sys.exit(main())"
 SHARED_PROCESSES = ("postgres", "epmd", "rabbitmq")
 # stop order inside one cloud: front to back
 STOP_ORDER = ("router", "nova-compute", "nova-scheduler", "nova-conductor", "nova-api", "glance",
-              "placement", "network", "keystone")  # fmt: skip
+              "placement", "network", "block-storage", "keystone")  # fmt: skip
 
 
 class Progress:
@@ -345,7 +346,7 @@ class Lab:
         self._parallel([start(c) for c in self.clouds], workers=len(self.clouds))
 
     def router_listens(self, cloud: CloudSpec) -> list[tuple[str, int]]:
-        types = ["identity", "network"] + [
+        types = ["identity", *(stype for stype, _, _ in STAND_INS.values())] + [
             t for s, t in (("glance", "image"), ("placement", "placement"), ("nova", "compute"))
             if s in self.services
         ]  # fmt: skip

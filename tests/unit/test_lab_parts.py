@@ -264,3 +264,22 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_block_storage_stand_in_answers_reads_like_an_empty_cinder():
+    from scoperouter.lab.blockstub import answer
+
+    base = "http://127.0.0.2:8776"
+    status, body = answer("/", {}, base)
+    assert status == 300 and body["versions"][0]["version"] == "3.71"
+    assert answer("/v3/", {}, base)[1]["version"]["min_version"] == "3.0"
+    assert answer("/v3/volumes/detail", {}, base) == (200, {"volumes": []})
+    project = "0123456789abcdef0123456789abcdef"
+    assert answer(f"/v3/{project}/snapshots", {}, base) == (200, {"snapshots": []})
+    quota = answer(f"/v3/os-quota-sets/{project}", {"usage": ["True"]}, base)[1]["quota_set"]
+    assert quota["volumes"] == {"limit": -1, "in_use": 0, "reserved": 0}
+    assert answer(f"/v3/os-quota-sets/{project}", {}, base)[1]["quota_set"]["gigabytes"] == -1
+    zones = answer("/v3/os-availability-zone", {}, base)[1]["availabilityZoneInfo"]
+    assert zones == [{"zoneName": "nova", "zoneState": {"available": True}}]
+    status, body = answer("/v3/volumes/abc", {}, base)
+    assert status == 404 and body["itemNotFound"]["code"] == 404
