@@ -15,8 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from scoperouter.lab.layout import SERVICE_PORTS
+from scoperouter_lab.layout import SERVICE_PORTS
 
 pytestmark = pytest.mark.e2e
 
@@ -196,7 +195,7 @@ def test_unknown_cloud_in_scope_is_a_clear_400(lab):
 
 
 def _lab_pids(lab) -> dict[int, str]:
-    from scoperouter.lab.procs import group_members
+    from scoperouter_lab.procs import group_members
 
     pids: dict[int, str] = {}
     for rec in lab.process_table().all():
@@ -234,7 +233,7 @@ def test_status_reports_healthy(lab):
 
     t = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "scoperouter.lab", "status", "--dir", str(lab.root)],
+        [sys.executable, "-m", "scoperouter_lab", "status", "--dir", str(lab.root)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from scoperouter_lab import files
+from scoperouter_lab.api import port_open, wait_for
+from scoperouter_lab.cli import main as lab_main
+from scoperouter_lab.infra import rabbit_password_hash
+from scoperouter_lab.layout import CloudSpec, resolve_services
+from scoperouter_lab.procs import ProcessTable, group_members
+from scoperouter_lab.templates import Secrets
 
 from scoperouter.catalog import load_catalog
-from scoperouter.lab import files
-from scoperouter.lab.api import port_open, wait_for
-from scoperouter.lab.cli import main as lab_main
-from scoperouter.lab.infra import rabbit_password_hash
-from scoperouter.lab.layout import CloudSpec, resolve_services
-from scoperouter.lab.procs import ProcessTable, group_members
-from scoperouter.lab.templates import Secrets
 
 SECRETS = Secrets(admin="a", demo="d", service="s", db="p", rabbit="r", router="x", alt_demo="l")
 
@@ -159,7 +159,7 @@ def test_network_stand_in_and_process_table(tmp_path: Path):
     host, port = "127.0.0.1", _free_port()
     rec = table.start(
         "netstub",
-        [sys.executable, "-m", "scoperouter.lab.netstub", "--listen", f"{host}:{port}"],
+        [sys.executable, "-m", "scoperouter_lab.netstub", "--listen", f"{host}:{port}"],
         log=tmp_path / "logs" / "netstub.log",
         fp="x",
     )
@@ -188,7 +188,7 @@ def test_network_stand_in_and_process_table(tmp_path: Path):
 def test_network_stand_in_serves_what_nova_asks_for_a_server():
     """nova's automatic networking, call by call: find the one network a project may use, make
     a port, bind it, build the addresses, delete it with the server."""
-    from scoperouter.lab.netstub import make_server
+    from scoperouter_lab.netstub import make_server
 
     server = make_server("127.0.0.1", 0)
     base = f"http://127.0.0.1:{server.server_address[1]}/v2.0"
@@ -267,7 +267,7 @@ def _free_port() -> int:
 
 
 def test_block_storage_stand_in_answers_reads_like_an_empty_cinder():
-    from scoperouter.lab.blockstub import answer
+    from scoperouter_lab.blockstub import answer
 
     base = "http://127.0.0.2:8776"
     status, body = answer("/", {}, base)
@@ -283,3 +283,55 @@ def test_block_storage_stand_in_answers_reads_like_an_empty_cinder():
     assert zones == [{"zoneName": "nova", "zoneState": {"available": True}}]
     status, body = answer("/v3/volumes/abc", {}, base)
     assert status == 404 and body["itemNotFound"]["code"] == 404
+
+
+def test_templates_hold_no_machine_specific_path(tmp_path: Path):
+    """Every path in a rendered config comes from the lab directory; nothing names this
+    machine (a home, a checkout) in the templates or anywhere in the lab's source."""
+    import scoperouter_lab
+    from scoperouter_lab import templates as T
+    from scoperouter_lab.layout import LabPaths
+
+    ctx = T.CloudContext(CloudSpec(1), LabPaths(tmp_path / "lab"), SECRETS, routed=True)
+    uwsgi = T.uwsgi_ini(ctx, "keystone", "keystone.wsgi.api:application", 5000, {})
+    rendered = [
+        *(f(ctx) for f in (T.keystone_conf, T.glance_conf, T.placement_conf, T.nova_conf)),
+        *(f(ctx) for f in (T.nova_db_conf, T.nova_cell0_map_conf)),
+        uwsgi,
+    ]
+    machine = [str(Path.home()), "/work/", str(Path(__file__).resolve().parents[2])]
+    for text in rendered:
+        assert str(tmp_path / "lab") in text or "[database]" in text
+        for marker in machine:
+            assert marker not in text, marker
+    source = Path(scoperouter_lab.__file__).parent
+    for path in source.glob("*.py"):
+        for marker in ("/work/", "/root/", "/home/"):
+            assert marker not in path.read_text(), f"{path.name} names {marker}"
+
+
+def test_the_router_does_not_need_the_lab():
+    """The lab is its own package (lab/): nothing in scoperouter imports it but the CLI's
+    optional `lab` subcommand."""
+    import scoperouter
+
+    pkg = Path(scoperouter.__file__).parent
+    users = sorted(p.name for p in pkg.rglob("*.py") if "scoperouter_lab" in p.read_text())
+    assert users == ["cli.py"]
+    assert not (pkg / "lab").exists()
+
+
+def test_scoperouter_lab_without_the_lab_package_says_how_to_get_it(monkeypatch, capsys):
+    import importlib.util
+
+    from scoperouter import cli
+
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: object) -> object:
+        return None if name == "scoperouter_lab" else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    assert cli.main(["lab", "up", "--clouds", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "the lab is not installed" in err and "pip install -e ./lab" in err

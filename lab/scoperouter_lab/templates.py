@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from scoperouter.lab.layout import (
+from scoperouter_lab.layout import (
     POSTGRES_PORT,
     RABBIT_PORT,
     SHARED_HOST,

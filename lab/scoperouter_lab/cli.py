@@ -1,6 +1,6 @@
 """The `lab` subcommand: `scoperouter lab up|status|down`.
 
-`scoperouter/cli.py` calls :func:`register`; ``python -m scoperouter.lab`` runs it standalone.
+`scoperouter/cli.py` calls :func:`register`; ``python -m scoperouter_lab`` runs it standalone.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from scoperouter.lab.layout import MAX_CLOUDS, SELECTABLE, default_dir, resolve_services
+from scoperouter_lab.layout import MAX_CLOUDS, SELECTABLE, default_dir, resolve_services
 
 DESCRIPTION = """\
 Real OpenStack clouds on this machine, each fronted by a scoperouter.
@@ -124,7 +124,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scoperouter.lab.infra import LabError
+    from scoperouter_lab.infra import LabError
 
     try:
         return args.lab_func(args)
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from scoperouter.lab.lab import Lab
+    from scoperouter_lab.lab import Lab
 
     try:
         services = resolve_services(args.services) if args.services else None
@@ -149,13 +149,13 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from scoperouter.lab.lab import Lab
+    from scoperouter_lab.lab import Lab
 
     return Lab(_dir(args.dir)).status()
 
 
 def _down(args: argparse.Namespace) -> int:
-    from scoperouter.lab.lab import Lab
+    from scoperouter_lab.lab import Lab
 
     return Lab(_dir(args.dir)).down(purge=args.purge, purge_venv=args.purge_venv)
 

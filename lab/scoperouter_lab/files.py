@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 
 import yaml
 
-from scoperouter.lab.layout import SERVICE_PORTS, CloudSpec
-from scoperouter.lab.templates import Secrets
+from scoperouter_lab.layout import SERVICE_PORTS, CloudSpec
+from scoperouter_lab.templates import Secrets
 
 
 def federation_config(rows_by_cloud: Mapping[CloudSpec, Sequence[Mapping[str, str]]]) -> dict:

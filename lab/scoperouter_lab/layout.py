@@ -36,8 +36,8 @@ SERVICE_PORTS: dict[str, tuple[int, str]] = {
 # scoperouter's own stand-ins for services the lab does not run (real neutron and cinder are
 # heavy): process name -> (service type, module, keystone service name). Always present.
 STAND_INS: dict[str, tuple[str, str, str]] = {
-    "network": ("network", "scoperouter.lab.netstub", "neutron"),
-    "block-storage": ("block-storage", "scoperouter.lab.blockstub", "cinder"),
+    "network": ("network", "scoperouter_lab.netstub", "neutron"),
+    "block-storage": ("block-storage", "scoperouter_lab.blockstub", "cinder"),
 }
 PROXY_PORT = 3128
 SHARED_HOST = "127.0.0.1"

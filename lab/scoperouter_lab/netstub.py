@@ -20,7 +20,7 @@ State lives in memory (a restart forgets ports; nova tolerates a port that is go
 deletes a server). Tokens are not checked: everything listens on the lab's loopback backend
 address, behind the cloud's router.
 
-Run: ``python -m scoperouter.lab.netstub --listen 127.0.1.2:9696`` (stdlib only).
+Run: ``python -m scoperouter_lab.netstub --listen 127.0.1.2:9696`` (stdlib only).
 """
 
 from __future__ import annotations

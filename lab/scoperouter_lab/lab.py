@@ -15,10 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TextIO
 
-from scoperouter.lab import files
-from scoperouter.lab.api import ApiError, Keystone, http_status, port_open, wait_for
-from scoperouter.lab.cloud import CloudRunner, Step
-from scoperouter.lab.infra import (
+from scoperouter_lab import files
+from scoperouter_lab.api import ApiError, Keystone, http_status, port_open, wait_for
+from scoperouter_lab.cloud import CloudRunner, Step
+from scoperouter_lab.infra import (
     LabError,
     Postgres,
     Rabbit,
@@ -26,7 +26,7 @@ from scoperouter.lab.infra import (
     ensure_venv,
     tail,
 )
-from scoperouter.lab.layout import (
+from scoperouter_lab.layout import (
     DATABASES,
     MAX_CLOUDS,
     PROXY_PORT,
@@ -35,8 +35,8 @@ from scoperouter.lab.layout import (
     CloudSpec,
     LabPaths,
 )
-from scoperouter.lab.procs import ProcessTable, fingerprint
-from scoperouter.lab.templates import CloudContext, Secrets
+from scoperouter_lab.procs import ProcessTable, fingerprint
+from scoperouter_lab.templates import CloudContext, Secrets
 
 ROUTER_CODE = "import sys; from scoperouter.cli import main; sys.exit(main())"
 SHARED_PROCESSES = ("postgres", "epmd", "rabbitmq")
@@ -553,14 +553,17 @@ Logs: {self.paths.logs}/<cloud>/<service>.log     Status: scoperouter lab status
 
 
 def _router_code() -> str:
-    """A hash of the router's source (scoperouter/ without lab/): new code, new router."""
+    """A hash of the installed router's source (the scoperouter package): new code, new
+    router."""
     import hashlib
+    import importlib.util
 
-    pkg = Path(__file__).resolve().parent.parent
+    spec = importlib.util.find_spec("scoperouter")
+    if spec is None or not spec.origin:
+        return ""
+    pkg = Path(spec.origin).resolve().parent
     h = hashlib.sha256()
     for path in sorted(pkg.rglob("*.py")):
-        if "lab" in path.relative_to(pkg).parts[:1]:
-            continue
         h.update(str(path.relative_to(pkg)).encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
 

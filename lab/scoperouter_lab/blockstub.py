@@ -11,7 +11,7 @@ Version discovery at ``/`` and ``/v3`` (microversions 3.0-3.71), project-less UR
 ``/v3/<project_id>/...`` alike. Tokens are not checked (the stand-in listens on the lab's
 loopback backend address, behind the cloud's router).
 
-Run: ``python -m scoperouter.lab.blockstub --listen 127.0.1.2:8776`` (stdlib only).
+Run: ``python -m scoperouter_lab.blockstub --listen 127.0.1.2:8776`` (stdlib only).
 """
 
 from __future__ import annotations

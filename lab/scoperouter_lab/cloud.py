@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from scoperouter.lab import templates as T
-from scoperouter.lab.api import Keystone, http_status, request, wait_for
-from scoperouter.lab.infra import run, tail
-from scoperouter.lab.layout import SERVICE_TYPE, STAND_INS, CloudSpec
-from scoperouter.lab.procs import ProcessTable, fingerprint
+from scoperouter_lab import templates as T
+from scoperouter_lab.api import Keystone, http_status, request, wait_for
+from scoperouter_lab.infra import run, tail
+from scoperouter_lab.layout import SERVICE_TYPE, STAND_INS, CloudSpec
+from scoperouter_lab.procs import ProcessTable, fingerprint
 
 SERVICE_USERS = {"glance": "glance", "placement": "placement", "nova": "nova"}
 IMAGE_NAME = "tiny"
