@@ -99,7 +99,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         parts = urlsplit(self.path)
-        host, port = self.server.server_address[:2]
+        host, port = self.server.server_address[:2]  # type: ignore[index,str-unpack]
         base = f"http://{self.headers.get('Host') or f'{host}:{port}'}"
         self._send(*answer(parts.path, parse_qs(parts.query), base))
 

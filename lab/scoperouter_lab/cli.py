@@ -45,7 +45,9 @@ def _add_dir(p: argparse.ArgumentParser) -> None:
     )
 
 
-def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def register(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
     """Add `lab` (with up, status, down) to a parent parser's subcommands."""
     lab = subparsers.add_parser(
         "lab",
@@ -127,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     from scoperouter_lab.infra import LabError
 
     try:
-        return args.lab_func(args)
+        return int(args.lab_func(args))
     except LabError as exc:
         print(f"scoperouter lab: {exc}", file=sys.stderr)
         return 1
@@ -166,4 +168,4 @@ def main(argv: list[str] | None = None) -> int:
     sub.required = True
     register(sub)
     args = parser.parse_args(argv)
-    return args.func(args)
+    return int(args.func(args))

@@ -255,17 +255,12 @@ class CloudRunner:
 
     def glance_setup(self) -> None:
         conf = str(self.ctx.etc("glance") / "glance-api.conf")
-        self._once(
-            "glance-db",
-            "glance db sync",
-            lambda: (
-                self._manage(
-                    [str(self.paths.venv_bin("glance-manage")), "--config-file", conf, "db_sync"],
-                    "glance db_sync",
-                )
-                and None
-            ),
-        )
+
+        def sync() -> None:
+            manage = str(self.paths.venv_bin("glance-manage"))
+            self._manage([manage, "--config-file", conf, "db_sync"], "glance db_sync")
+
+        self._once("glance-db", "glance db sync", sync)
 
     def placement_setup(self) -> None:
         conf = str(self.ctx.etc("placement") / "placement.conf")

@@ -118,7 +118,8 @@ class Lab:
 
     def _load_state(self) -> dict[str, Any]:
         try:
-            return json.loads(self.paths.state_file.read_text())
+            state: dict[str, Any] = json.loads(self.paths.state_file.read_text())
+            return state
         except (OSError, ValueError):
             return {}
 
@@ -240,10 +241,12 @@ class Lab:
         want = self._desired()
         extra = [rec.name for rec in self.procs.all() if rec.name not in want]
         if extra:
-            self.progress.run(
-                "stopping processes no longer wanted",
-                lambda: (self._stop_many(extra), ", ".join(extra))[1],
-            )
+
+            def stop() -> str:
+                self._stop_many(extra)
+                return ", ".join(extra)
+
+            self.progress.run("stopping processes no longer wanted", stop)
 
     def _parallel(self, tasks: Iterable[Callable[[], Any]], workers: int = 4) -> list[Any]:
         tasks = list(tasks)

@@ -280,7 +280,7 @@ class Handler(BaseHTTPRequestHandler):
         self._send(status, {"NeutronError": {"type": kind, "message": message, "detail": ""}})
 
     def _host(self) -> str:
-        host, port = self.server.server_address[:2]
+        host, port = self.server.server_address[:2]  # type: ignore[index,str-unpack]
         return self.headers.get("Host") or f"{host}:{port}"
 
     def _target(self) -> tuple[str, dict[str, list[str]]]:
@@ -299,7 +299,8 @@ class Handler(BaseHTTPRequestHandler):
         key = _singular(collection)
         if not isinstance(data, dict) or not isinstance(data.get(key), dict):
             raise BadRequest(f"the request body must be an object with a {key!r} object")
-        return data[key]
+        resource: Resource = data[key]
+        return resource
 
     def _handle(self, fn: Any) -> None:
         try:

@@ -353,9 +353,9 @@ def print_report(
             cells = "  ".join(f"{comp.status(tid, m)!s:<7}" for m in modes)
             out.write(f"  {tid:<{width}}  {cells}\n")
             for m in modes:
-                o = comp.rows[tid].get(m)
-                if o and o.status is Status.FAILED and o.message:
-                    out.write(f"      ({LETTER[m]}) {o.message}\n")
+                failed = comp.rows[tid].get(m)
+                if failed and failed.status is Status.FAILED and failed.message:
+                    out.write(f"      ({LETTER[m]}) {failed.message}\n")
     everywhere = comp.failing_everywhere()
     out.write(f"\n== failing in every mode ({len(everywhere)}): the lab's limits, see README\n")
     for tid in everywhere:

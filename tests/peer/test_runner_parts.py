@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -46,7 +47,7 @@ def _junit(path: Path) -> None:
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
 
 
-def test_parse_junit(tmp_path: Path):
+def test_parse_junit(tmp_path: Path) -> None:
     path = tmp_path / "r.xml"
     _junit(path)
     res = parse_junit(path)
@@ -73,7 +74,7 @@ def _o(status: Status) -> Outcome:
 P, F, S = Status.PASSED, Status.FAILED, Status.SKIPPED
 
 
-def test_comparison_finds_regressions_and_differences():
+def test_comparison_finds_regressions_and_differences() -> None:
     by_mode = {
         "direct": {"t.same": _o(P), "t.broken": _o(P), "t.lost": _o(P), "t.lab": _o(F),
                    "t.fixed": _o(F), "t.skip": _o(S)},
@@ -93,7 +94,7 @@ def test_comparison_finds_regressions_and_differences():
     assert "fails in (c) scoped: t.broken" in text and "fails in (b) router: t.lost" in text
 
 
-def test_verdict_refuses_an_empty_or_aborted_mode():
+def test_verdict_refuses_an_empty_or_aborted_mode() -> None:
     by_mode = {"direct": {"t.a": _o(P)}, "router": {"t.a": _o(S)}, "scoped": {"t.a": _o(P)}}
     comp = compare(by_mode, ["direct", "router", "scoped"])
     assert comp.regressions() == {}  # skipped is not failed ...
@@ -105,7 +106,7 @@ def test_verdict_refuses_an_empty_or_aborted_mode():
     assert verdict(compare(good, list(good)), good, dict.fromkeys(good, 0), io.StringIO()) == 0
 
 
-LAB_CLOUDS = {
+LAB_CLOUDS: dict[str, Any] = {
     "cloudone": {"auth": {"auth_url": "http://127.0.0.2:5000/v3", "username": "demo",
                           "password": "d", "project_name": "demo",
                           "user_domain_name": "Default", "project_domain_name": "Default"},
@@ -118,7 +119,7 @@ LAB_CLOUDS = {
                                 "project_domain_name": "Default"},
                        "region_name": "CloudOne"},
 }  # fmt: skip
-FEDERATION = {
+FEDERATION: dict[str, Any] = {
     "clouds": {
         "CloudOne": {
             "services": {
@@ -133,7 +134,7 @@ FEDERATION = {
 SCOPE = {"image": "CloudTwo"}
 
 
-def test_router_mode_is_the_lab_entries_under_devstack_names():
+def test_router_mode_is_the_lab_entries_under_devstack_names() -> None:
     clouds = suite_clouds(LAB_CLOUDS, FEDERATION, "CloudOne", "router", SCOPE)
     assert set(clouds) == {"devstack", "devstack-alt", "devstack-admin", "devstack-system-admin"}
     assert clouds["devstack"] == LAB_CLOUDS["cloudone"]
@@ -144,7 +145,7 @@ def test_router_mode_is_the_lab_entries_under_devstack_names():
     assert LAB_CLOUDS["cloudone-admin"]["auth"]["project_name"] == "admin"  # not mutated
 
 
-def test_direct_mode_overrides_every_routed_endpoint_with_its_backend():
+def test_direct_mode_overrides_every_routed_endpoint_with_its_backend() -> None:
     clouds = suite_clouds(LAB_CLOUDS, FEDERATION, "CloudOne", "direct", SCOPE)
     for entry in clouds.values():
         assert entry["auth"]["auth_url"] == "http://127.0.1.2:5000/v3"
@@ -154,7 +155,7 @@ def test_direct_mode_overrides_every_routed_endpoint_with_its_backend():
     yaml.safe_dump(clouds)
 
 
-def test_scoped_mode_adds_the_scope_and_the_sdk_hook():
+def test_scoped_mode_adds_the_scope_and_the_sdk_hook() -> None:
     clouds = suite_clouds(LAB_CLOUDS, FEDERATION, "CloudOne", "scoped", SCOPE)
     for entry in clouds.values():
         assert entry["scope"] == SCOPE
@@ -162,7 +163,7 @@ def test_scoped_mode_adds_the_scope_and_the_sdk_hook():
         assert entry["auth"]["auth_url"] == "http://127.0.0.2:5000/v3"
 
 
-def test_an_old_lab_is_named_not_crashed_on():
+def test_an_old_lab_is_named_not_crashed_on() -> None:
     lab = {k: v for k, v in LAB_CLOUDS.items() if k != "cloudone-alt"}
     with pytest.raises(ConfigMissing, match="cloudone-alt"):
         suite_clouds(lab, FEDERATION, "CloudOne", "router", SCOPE)
@@ -186,7 +187,7 @@ def test_an_old_lab_is_named_not_crashed_on():
         "Test Image",
     ],
 )
-def test_cleanup_matches_the_suites_names(name: str):
+def test_cleanup_matches_the_suites_names(name: str) -> None:
     assert cleanup.leaked(name)
 
 
@@ -200,12 +201,12 @@ def test_cleanup_matches_the_suites_names(name: str):
         "test_abcdef", "tempest", "CUSTOM_MAGIC", "0123456789abcdef0123456789abcdeg",
     ],
 )  # fmt: skip
-def test_cleanup_never_matches_other_names(name: str | None):
+def test_cleanup_never_matches_other_names(name: str | None) -> None:
     """The lab's seed data and other users' resources (osb..., e2e-..., peer-...) are safe."""
     assert not cleanup.leaked(name)
 
 
-def test_cleanup_deletes_only_what_matches():
+def test_cleanup_deletes_only_what_matches() -> None:
     class Thing:
         def __init__(self, name: str) -> None:
             self.name = name
@@ -224,7 +225,7 @@ def test_cleanup_deletes_only_what_matches():
     assert "could not be deleted" in report.line() and "409 in use" in report.errors[0]
 
 
-def test_every_selection_names_installed_tests():
+def test_every_selection_names_installed_tests() -> None:
     """A renamed upstream module must not turn the run silently empty: every selected module
     exists in the installed packages, and node ids map back from test ids."""
     root = site_root()
