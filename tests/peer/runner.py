@@ -29,7 +29,7 @@ from tests.peer.results import (
     parse_junit,
     summarize,
 )
-from tests.peer.selection import OSC, SDK, SELECTIONS, Group
+from tests.peer.selection import NOT_RUN, OSC, SDK, SELECTIONS, Group
 
 LETTER = dict(zip(MODES, "abc", strict=True))
 DESCRIPTION = """\
@@ -50,6 +50,8 @@ extra (pip install -e '.[peer]').
 # The image the openstacksdk tests pick (the lab seeds it in every cloud).
 SDK_IMAGE = "cirros-0.6.3-x86_64-disk"
 SCOPE = {"image": "CloudTwo"}
+TEST_TIMEOUT = 300  # seconds, any one test (pytest-timeout)
+PEER_MODULES = ("pytest_timeout", "tempest", "testtools", "fixtures", "oslotest")
 
 
 def site_root() -> Path:
@@ -153,8 +155,9 @@ class Lab:
 
 
 def mode_env(bin_dir: Path) -> dict[str, str]:
-    """The suites' environment: no OS_* settings and no proxies of the caller; the `openstack`
-    CLI beside this Python (it carries scoperouter's --os-scope plugin) first on PATH."""
+    """The suites' environment: no OS_* settings and no proxies of the caller (only the test
+    timeout below); the `openstack` CLI beside this Python (it carries scoperouter's
+    --os-scope plugin) first on PATH."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -162,6 +165,9 @@ def mode_env(bin_dir: Path) -> dict[str, str]:
     }
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}"
     env["OPENSTACKSDK_IMAGE"] = SDK_IMAGE
+    # openstacksdk's test base defaults to 5 s a test (its unit-test budget); its functional
+    # tox environment raises it. Waits for a server or an image stop after 120 s.
+    env["OS_TEST_TIMEOUT"] = "180"
     env["OPENSTACKSDK_FUNC_TEST_TIMEOUT"] = "120"
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
@@ -196,24 +202,13 @@ def run_pytest(
 ) -> int:
     """One pytest process over `ids` (node ids, maybe -k) in directory `d`; its output goes to
     `out` and a log beside the report."""
-    argv = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-c",
-        str(d / "pytest.ini"),
-        "--rootdir",
-        str(root),
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        "-rN",
-        "--junitxml",
-        str(report),
-        *ids,
-    ]
+    # pytest-timeout: no test can hang a run (openstacksdk's own timeout is not always heard)
+    deselect = [arg for nid in NOT_RUN for arg in ("--deselect", f"{root}/{nid}")]
+    argv = [sys.executable, "-m", "pytest", "-c", str(d / "pytest.ini"), "--rootdir", str(root)]
+    argv += ["-p", "no:cacheprovider", "-q", "-rN", "--junitxml", str(report)]
+    argv += ["--timeout", str(TEST_TIMEOUT), *deselect, *ids]
     log = report.with_suffix(".log")
-    with open(log, "w") as logf:
+    with open(log, "w", buffering=1) as logf:
         proc = subprocess.Popen(
             argv,
             cwd=d,
@@ -361,6 +356,9 @@ def print_report(
     for tid in everywhere:
         msg = comp.rows[tid][modes[0]].message
         out.write(f"  {tid}\n      {msg}\n")
+    out.write(f"\n== not run ({len(NOT_RUN)}): they wait for what the lab cannot do\n")
+    for nid, why in NOT_RUN.items():
+        out.write(f"  {nid}\n      {why}\n")
     if flaky:
         out.write(f"\n== passed when re-run ({len(flaky)}): flaky, not counted\n")
         for tid, ms in sorted(flaky.items()):
@@ -451,6 +449,11 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     unknown = [m for m in modes if m not in MODES]
     if unknown or not modes:
         out.write(f"unknown mode(s) {', '.join(unknown)}; modes: {', '.join(MODES)}\n")
+        return 2
+    missing = [m for m in PEER_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        out.write(f"missing {', '.join(missing)}: install the peer extra, "
+                  "pip install -e '.[peer]'\n")  # fmt: skip
         return 2
     root = site_root()
     ids = node_ids(SELECTIONS[args.selection], root)

@@ -79,6 +79,14 @@ _OSC_CI = (
     Group(OSC, "openstackclient.tests.functional.common.test_quota"),
 )
 
+# Tests never started (pytest --deselect) because they wait for what the lab cannot do, up to a
+# timeout far beyond any budget; each fails in every mode, and README.md lists it.
+NOT_RUN: dict[str, str] = {
+    "openstack/tests/functional/cloud/test_compute.py::TestCompute::"
+    "test_create_image_snapshot_wait_active": "nova's fake virt driver never uploads a "
+    "snapshot's data, so the image stays queued (the test waits an hour for it)",
+}
+
 SELECTIONS: dict[str, tuple[Group, ...]] = {
     "ci": _SDK_FULL + _OSC_CI,
     "full": _SDK_FULL + _OSC_FULL,

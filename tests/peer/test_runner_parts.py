@@ -16,7 +16,7 @@ from tests.peer import cleanup
 from tests.peer.clouds import ConfigMissing, suite_clouds
 from tests.peer.results import Outcome, Status, compare, parse_junit, summarize
 from tests.peer.runner import node_id_of, node_ids, site_root, verdict
-from tests.peer.selection import SELECTIONS
+from tests.peer.selection import NOT_RUN, SELECTIONS
 
 TRACEBACK = """NOTE: Incompatible Exception Representation, displaying natively:
 
@@ -234,6 +234,9 @@ def test_every_selection_names_installed_tests() -> None:
         assert ids, name
         for nid in ids:
             assert (root / nid.split("::")[0]).exists(), nid
+    for nid in NOT_RUN:
+        path, _cls, test = nid.split("::")
+        assert f"def {test}(" in (root / path).read_text(), nid
     tid = "openstack.tests.functional.cloud.test_compute.TestCompute.test_list_all_servers"
     assert node_id_of(tid, root) == (
         "openstack/tests/functional/cloud/test_compute.py::TestCompute::test_list_all_servers"
