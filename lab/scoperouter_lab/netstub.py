@@ -3,22 +3,22 @@
 Real neutron is heavy (agents, OVS); nova needs only a few of its calls to give a server a
 network: list the networks a project may use, create a port on one, bind it to the compute host
 (``binding:host_id``), list the server's ports, subnets and floating IPs to build its addresses,
-and delete the port with the server. This stand-in answers exactly those, from memory:
+and delete the port with the server. This stand-in answers those, from memory:
 
 * one network, ``private`` (shared, so every project's automatic networking — nova's
   ``networks: auto`` or no ``--nic`` — finds exactly one), with one IPv4 subnet
-  ``private-subnet`` (10.0.0.0/24); stable ids across restarts;
-* ports: create (a fixed IP from the subnet, a MAC), show, list with neutron's equality
-  filters and ``fields``, update (binding to a host makes the port ACTIVE with vif type
-  ``ovs``), delete;
+  ``private-subnet`` (10.0.0.0/24); stable ids across restarts; it cannot be deleted;
+* networks, subnets and ports: create, show, list with neutron's equality filters and
+  ``fields``, update, delete (a port gets a MAC and the next free address of its network's
+  first subnet; binding it to a host makes it ACTIVE with vif type ``ovs``; a network with
+  ports or a subnet with addresses in use answers 409);
 * a ``default`` security group per project (as neutron creates on first use); quotas
-  unlimited; no extensions; no floating IPs;
-* every other write is refused with 403 (NeutronError JSON): networks, subnets, routers and
-  floating IPs are a limit of the lab, which `lab up` documents.
+  unlimited; no extensions; no routers, floating IPs or security group rules: those writes
+  answer 403 (NeutronError JSON), a limit of the lab.
 
-State lives in memory (a restart forgets ports; nova tolerates a port that is gone when it
-deletes a server). Tokens are not checked: everything listens on the lab's loopback backend
-address, behind the cloud's router.
+State lives in memory (a restart forgets what clients created; nova tolerates a port that is
+gone when it deletes a server). Tokens are not checked (projects come from request bodies):
+everything listens on the lab's loopback backend address, behind the cloud's router.
 
 Run: ``python -m scoperouter_lab.netstub --listen 127.0.1.2:9696`` (stdlib only).
 """
@@ -88,8 +88,37 @@ def _matches(item: Mapping[str, Any], key: str, wanted: list[str]) -> bool:
     return str(value) in wanted
 
 
+class Conflict(Exception):
+    pass
+
+
+class Forbidden(Exception):
+    pass
+
+
+# what a client may set on each kind of resource; ids, MACs, IPs and states are the stand-in's
+_WRITABLE = {
+    "networks": frozenset(("name", "description", "admin_state_up", "shared", "mtu", "tags",
+                           "port_security_enabled", "tenant_id", "project_id")),
+    "subnets": frozenset(("name", "description", "network_id", "cidr", "ip_version",
+                          "gateway_ip", "enable_dhcp", "dns_nameservers", "host_routes", "tags",
+                          "tenant_id", "project_id")),
+    "ports": frozenset(("name", "description", "network_id", "admin_state_up", "device_id",
+                        "device_owner", "binding:host_id", "binding:profile",
+                        "binding:vnic_type", "dns_name", "tags", "security_groups",
+                        "tenant_id", "project_id")),
+}  # fmt: skip
+# fields fixed once created
+_IMMUTABLE = frozenset(("network_id", "cidr", "ip_version", "tenant_id", "project_id"))
+
+
 class Store:
-    """The stand-in's resources, keyed by collection name (``networks``, ``ports`` ...)."""
+    """The stand-in's resources, keyed by collection name (``networks``, ``ports`` ...).
+
+    Networks, subnets and ports can be created, updated and deleted (a network with ports, or
+    a subnet with addresses in use, answers 409 as neutron does); the seeded ``private``
+    network and its subnet cannot be deleted. Projects come from the request body (the
+    stand-in does not read tokens)."""
 
     def __init__(self, seed: str) -> None:
         self.lock = threading.Lock()
@@ -97,58 +126,18 @@ class Store:
         ns = uuid.uuid5(uuid.NAMESPACE_URL, f"scoperouter-lab-network:{seed}")
         self.network_id = str(uuid.uuid5(ns, "network"))
         self.subnet_id = str(uuid.uuid5(ns, "subnet"))
-        net = ipaddress.ip_network(SUBNET_CIDR)
-        self.hosts = [str(h) for h in net.hosts()]
-        stamp = _now()
-        common = {"tenant_id": "", "project_id": "", "created_at": stamp, "updated_at": stamp,
-                  "revision_number": 1, "tags": [], "description": ""}  # fmt: skip
         self.data: dict[str, dict[str, Resource]] = {
-            "networks": {
-                self.network_id: {
-                    **common,
-                    "id": self.network_id,
-                    "name": NETWORK_NAME,
-                    "status": "ACTIVE",
-                    "admin_state_up": True,
-                    "shared": True,
-                    "router:external": False,
-                    "is_default": False,
-                    "mtu": 1450,
-                    "port_security_enabled": True,
-                    "subnets": [self.subnet_id],
-                    "availability_zones": ["nova"],
-                    "availability_zone_hints": [],
-                    "ipv4_address_scope": None,
-                    "ipv6_address_scope": None,
-                    "provider:network_type": "local",
-                    "provider:physical_network": None,
-                    "provider:segmentation_id": None,
-                }
-            },
-            "subnets": {
-                self.subnet_id: {
-                    **common,
-                    "id": self.subnet_id,
-                    "name": f"{NETWORK_NAME}-subnet",
-                    "network_id": self.network_id,
-                    "ip_version": 4,
-                    "cidr": SUBNET_CIDR,
-                    "gateway_ip": self.hosts[0],
-                    "allocation_pools": [{"start": self.hosts[1], "end": self.hosts[-1]}],
-                    "enable_dhcp": False,
-                    "dns_nameservers": [],
-                    "host_routes": [],
-                    "ipv6_address_mode": None,
-                    "ipv6_ra_mode": None,
-                    "subnetpool_id": None,
-                    "segment_id": None,
-                    "service_types": [],
-                    "shared": True,
-                }
-            },
+            "networks": {},
+            "subnets": {},
             "ports": {},
             "security_groups": {},
         }
+        self._add_network({"name": NETWORK_NAME, "shared": True}, self.network_id)
+        self._add_subnet(
+            {"name": f"{NETWORK_NAME}-subnet", "network_id": self.network_id,
+             "cidr": SUBNET_CIDR, "ip_version": 4},
+            self.subnet_id,
+        )  # fmt: skip
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -172,78 +161,158 @@ class Store:
             raise NotFound(f"{_singular(collection)} {ident} could not be found")
         return _project(item, list(fields))
 
-    # -- ports ----------------------------------------------------------------------------
+    # -- writes ---------------------------------------------------------------------------
+
+    def create(self, collection: str, body: Resource) -> Resource:
+        add = {"networks": self._add_network, "subnets": self._add_subnet,
+               "ports": self._add_port}[collection]  # fmt: skip
+        with self.lock:
+            return dict(add(body, str(uuid.uuid4())))
+
+    def update(self, collection: str, ident: str, body: Resource) -> Resource:
+        with self.lock:
+            item = self.data[collection].get(ident)
+            if item is None:
+                raise NotFound(f"{_singular(collection)} {ident} could not be found")
+            fixed = sorted(k for k in body if k in _IMMUTABLE and body[k] != item.get(k))
+            if fixed:
+                raise BadRequest(f"cannot update read-only attribute(s) {', '.join(fixed)}")
+            item.update(_writable(collection, body))
+            item["updated_at"] = _now()
+            item["revision_number"] += 1
+            if collection == "ports":
+                _bind(item)
+            return dict(item)
+
+    def delete(self, collection: str, ident: str) -> None:
+        with self.lock:
+            item = self.data[collection].get(ident)
+            if item is None:
+                raise NotFound(f"{_singular(collection)} {ident} could not be found")
+            if ident in (self.network_id, self.subnet_id):
+                raise Forbidden(f"the lab's {item['name']} {_singular(collection)} stays")
+            if collection == "networks":
+                if any(p["network_id"] == ident for p in self.data["ports"].values()):
+                    raise Conflict(
+                        f"Unable to complete operation on network {ident}. There are one or "
+                        "more ports still in use on the network."
+                    )
+                for sid in item["subnets"]:
+                    self.data["subnets"].pop(sid, None)
+            if collection == "subnets":
+                if any(ip["subnet_id"] == ident for p in self.data["ports"].values()
+                       for ip in p["fixed_ips"]):  # fmt: skip
+                    raise Conflict(
+                        f"Unable to complete operation on subnet {ident}: one or more ports "
+                        "have an IP allocation from this subnet."
+                    )
+                net = self.data["networks"].get(item["network_id"])
+                if net is not None:
+                    net["subnets"] = [s for s in net["subnets"] if s != ident]
+            del self.data[collection][ident]
+
+    # -- the resources --------------------------------------------------------------------
+
+    def _base(self, ident: str, body: Resource) -> Resource:
+        project = str(body.get("project_id") or body.get("tenant_id") or "")
+        stamp = _now()
+        return {"id": ident, "name": "", "description": "", "tenant_id": project,
+                "project_id": project, "tags": [], "created_at": stamp, "updated_at": stamp,
+                "revision_number": 1}  # fmt: skip
+
+    def _add_network(self, body: Resource, ident: str) -> Resource:
+        net = {
+            **self._base(ident, body),
+            "status": "ACTIVE", "admin_state_up": True, "shared": False,
+            "router:external": False, "is_default": False, "mtu": 1450,
+            "port_security_enabled": True, "subnets": [], "availability_zones": ["nova"],
+            "availability_zone_hints": [], "ipv4_address_scope": None,
+            "ipv6_address_scope": None, "provider:network_type": "local",
+            "provider:physical_network": None, "provider:segmentation_id": None,
+        }  # fmt: skip
+        net.update(_writable("networks", body))
+        self.data["networks"][ident] = net
+        return net
+
+    def _add_subnet(self, body: Resource, ident: str) -> Resource:
+        net = self._network_of(body)
+        try:
+            cidr = ipaddress.ip_network(str(body.get("cidr")), strict=False)
+        except ValueError:
+            raise BadRequest(f"invalid cidr {body.get('cidr')!r}") from None
+        hosts = cidr.hosts()
+        gateway = str(next(hosts, cidr.network_address))
+        first = str(next(hosts, gateway))
+        last = str(cidr.broadcast_address - 1) if cidr.num_addresses > 2 else first
+        subnet = {
+            **self._base(ident, body),
+            "network_id": net["id"], "ip_version": cidr.version, "cidr": str(cidr),
+            "gateway_ip": gateway, "allocation_pools": [{"start": first, "end": last}],
+            "enable_dhcp": False, "dns_nameservers": [], "host_routes": [],
+            "ipv6_address_mode": None, "ipv6_ra_mode": None, "subnetpool_id": None,
+            "segment_id": None, "service_types": [], "shared": net["shared"],
+        }  # fmt: skip
+        subnet.update(_writable("subnets", body))
+        subnet["cidr"] = str(cidr)
+        self.data["subnets"][ident] = subnet
+        net["subnets"].append(ident)
+        return subnet
+
+    def _add_port(self, body: Resource, ident: str) -> Resource:
+        net = self._network_of(body)
+        project = str(body.get("project_id") or body.get("tenant_id") or "")
+        mac = "fa:16:3e:" + ":".join(f"{b:02x}" for b in uuid.UUID(ident).bytes[:3])
+        fixed = [self._next_ip(net["subnets"][0])] if net["subnets"] else []
+        port = {
+            **self._base(ident, body),
+            "network_id": net["id"], "mac_address": mac, "admin_state_up": True,
+            "status": "DOWN", "device_id": "", "device_owner": "", "fixed_ips": fixed,
+            "security_groups": [self._default_group(project)] if project else [],
+            "allowed_address_pairs": [], "extra_dhcp_opts": [], "port_security_enabled": True,
+            "qos_policy_id": None, "dns_name": "", "binding:host_id": "",
+            "binding:vif_type": "unbound", "binding:vnic_type": "normal",
+            "binding:vif_details": {}, "binding:profile": {},
+        }  # fmt: skip
+        port.update(_writable("ports", body))
+        _bind(port)
+        self.data["ports"][ident] = port
+        return port
+
+    def _network_of(self, body: Resource) -> Resource:
+        network_id = body.get("network_id")
+        if not isinstance(network_id, str) or not network_id:
+            raise BadRequest("network_id is required")
+        net = self.data["networks"].get(network_id)
+        if net is None:
+            raise NotFound(f"network {network_id} could not be found")
+        return net
+
+    def _next_ip(self, subnet_id: str) -> Resource:
+        subnet = self.data["subnets"][subnet_id]
+        pool = subnet["allocation_pools"][0]
+        start = int(ipaddress.ip_address(pool["start"]))
+        end = int(ipaddress.ip_address(pool["end"]))
+        used = {ip["ip_address"] for p in self.data["ports"].values() for ip in p["fixed_ips"]}
+        for number in range(start, min(end, start + 65535) + 1):
+            address = str(ipaddress.ip_address(number))
+            if address not in used:
+                return {"subnet_id": subnet_id, "ip_address": address}
+        raise Conflict(f"No more IP addresses available on network {subnet['network_id']}.")
 
     def _default_group(self, project: str) -> str:
         """neutron creates a project's ``default`` security group on first use."""
         gid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{self.seed}:sg:{project}"))
         if gid not in self.data["security_groups"]:
-            stamp = _now()
             self.data["security_groups"][gid] = {
-                "id": gid, "name": "default", "description": "Default security group",
-                "tenant_id": project, "project_id": project, "security_group_rules": [],
-                "stateful": True, "shared": False, "tags": [], "created_at": stamp,
-                "updated_at": stamp, "revision_number": 1,
+                **self._base(gid, {"project_id": project}),
+                "name": "default", "description": "Default security group",
+                "security_group_rules": [], "stateful": True, "shared": False,
             }  # fmt: skip
         return gid
 
-    def _next_ip(self) -> str:
-        used = {ip["ip_address"] for p in self.data["ports"].values() for ip in p["fixed_ips"]}
-        for host in self.hosts[1:]:
-            if host not in used:
-                return host
-        raise BadRequest(f"no more IP addresses available on network {self.network_id}")
 
-    def create_port(self, body: Resource) -> Resource:
-        network_id = body.get("network_id")
-        if not isinstance(network_id, str) or not network_id:
-            raise BadRequest("network_id is required to create a port")
-        project = str(body.get("project_id") or body.get("tenant_id") or "")
-        with self.lock:
-            if network_id not in self.data["networks"]:
-                raise NotFound(f"network {network_id} could not be found")
-            pid = str(uuid.uuid4())
-            stamp = _now()
-            mac = "fa:16:3e:" + ":".join(f"{b:02x}" for b in uuid.UUID(pid).bytes[:3])
-            port: Resource = {
-                "id": pid, "name": "", "description": "", "network_id": network_id,
-                "tenant_id": project, "project_id": project, "mac_address": mac,
-                "admin_state_up": True, "status": "DOWN", "device_id": "", "device_owner": "",
-                "fixed_ips": [{"subnet_id": self.subnet_id, "ip_address": self._next_ip()}],
-                "security_groups": [self._default_group(project)] if project else [],
-                "allowed_address_pairs": [], "extra_dhcp_opts": [], "tags": [],
-                "port_security_enabled": True, "qos_policy_id": None, "dns_name": "",
-                "binding:host_id": "", "binding:vif_type": "unbound",
-                "binding:vnic_type": "normal", "binding:vif_details": {}, "binding:profile": {},
-                "created_at": stamp, "updated_at": stamp, "revision_number": 1,
-            }  # fmt: skip
-            port.update({k: v for k, v in body.items() if k in _PORT_WRITABLE})
-            _bind(port)
-            self.data["ports"][pid] = port
-            return dict(port)
-
-    def update_port(self, ident: str, body: Resource) -> Resource:
-        with self.lock:
-            port = self.data["ports"].get(ident)
-            if port is None:
-                raise NotFound(f"port {ident} could not be found")
-            port.update({k: v for k, v in body.items() if k in _PORT_WRITABLE})
-            port["updated_at"] = _now()
-            port["revision_number"] += 1
-            _bind(port)
-            return dict(port)
-
-    def delete_port(self, ident: str) -> None:
-        with self.lock:
-            if self.data["ports"].pop(ident, None) is None:
-                raise NotFound(f"port {ident} could not be found")
-
-
-# what nova (and a user) may set on a port; ids, MAC, IPs and status are the stand-in's
-_PORT_WRITABLE = frozenset(
-    ("name", "description", "admin_state_up", "device_id", "device_owner", "binding:host_id",
-     "binding:profile", "binding:vnic_type", "dns_name", "tags", "security_groups")
-)  # fmt: skip
+def _writable(collection: str, body: Resource) -> Resource:
+    return {k: v for k, v in body.items() if k in _WRITABLE[collection]}
 
 
 def _bind(port: Resource) -> None:
@@ -309,6 +378,10 @@ class Handler(BaseHTTPRequestHandler):
             self._error(404, "NotFound", str(exc))
         except BadRequest as exc:
             self._error(400, "BadRequest", str(exc))
+        except Conflict as exc:
+            self._error(409, "Conflict", str(exc))
+        except Forbidden as exc:
+            self._error(403, "Forbidden", str(exc))
 
     def do_GET(self) -> None:
         self._handle(self._get)
@@ -347,8 +420,10 @@ class Handler(BaseHTTPRequestHandler):
     def _post(self) -> None:
         path, _ = self._target()
         m = _COLLECTION.match(path)
-        if m and m.group(1) == "ports":
-            self._send(201, {"port": self.store.create_port(self._body("ports"))})
+        collection = m.group(1) if m else ""
+        if collection in _WRITABLE:
+            item = self.store.create(collection, self._body(collection))
+            self._send(201, {_singular(collection): item})
             return
         self._read_only()
 
@@ -358,8 +433,10 @@ class Handler(BaseHTTPRequestHandler):
     def _put(self) -> None:
         path, _ = self._target()
         m = _ITEM.match(path)
-        if m and m.group(1) == "ports":
-            self._send(200, {"port": self.store.update_port(m.group(2), self._body("ports"))})
+        if m and m.group(1) in _WRITABLE:
+            collection = m.group(1)
+            item = self.store.update(collection, m.group(2), self._body(collection))
+            self._send(200, {_singular(collection): item})
             return
         self._read_only()
 
@@ -369,8 +446,8 @@ class Handler(BaseHTTPRequestHandler):
     def _delete(self) -> None:
         path, _ = self._target()
         m = _ITEM.match(path)
-        if m and m.group(1) == "ports":
-            self.store.delete_port(m.group(2))
+        if m and m.group(1) in _WRITABLE:
+            self.store.delete(m.group(1), m.group(2))
             self._send(204, None)
             return
         self._read_only()
@@ -382,7 +459,7 @@ class Handler(BaseHTTPRequestHandler):
         self._error(
             403,
             "Forbidden",
-            "the lab's network stand-in serves one shared network and its ports; "
+            "the lab's network stand-in keeps networks, subnets and ports; "
             f"{self.command} {self._target()[0]} is not supported",
         )
 

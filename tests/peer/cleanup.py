@@ -91,6 +91,11 @@ def clean(admin: Any, system: Any | None = None) -> Report:
 
     _sweep(r, "servers", lambda: c.servers(all_projects=True), delete_server)
     _sweep(r, "server groups", lambda: c.server_groups(all_projects=True), c.delete_server_group)
+    if admin.has_service("network"):
+        net = admin.network
+        _sweep(r, "ports", net.ports, net.delete_port)
+        _sweep(r, "subnets", net.subnets, net.delete_subnet)
+        _sweep(r, "networks", net.networks, net.delete_network)
     _sweep(
         r, "keypairs", lambda: _keypairs(admin), lambda k: c.delete_keypair(k, user_id=k.user_id)
     )

@@ -175,7 +175,7 @@ def test_network_stand_in_and_process_table(tmp_path: Path):
         assert status == 404 and "NeutronError" in body
         status, body = _get(f"http://{host}:{port}/")
         assert body["versions"][0]["id"] == "v2.0"
-        status, body = _call("POST", f"http://{host}:{port}/v2.0/networks", {"network": {}})
+        status, body = _call("POST", f"http://{host}:{port}/v2.0/routers", {"router": {}})
         assert status == 403 and "NeutronError" in body
         assert group_members(rec.pgid) == [rec.pid]
     finally:
@@ -232,7 +232,45 @@ def test_network_stand_in_serves_what_nova_asks_for_a_server():
         assert _get(f"{base}/ports?device_id=vm-1")[1] == {"ports": []}
         assert _call("POST", f"{base}/ports", {"port": {"network_id": "nope"}})[0] == 404
         assert _call("POST", f"{base}/ports", {"port": "x"})[0] == 400
-        assert _call("DELETE", f"{base}/networks/{net['id']}")[0] == 403
+        assert _call("DELETE", f"{base}/networks/{net['id']}")[0] == 403  # the lab's own
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_network_stand_in_keeps_networks_subnets_and_ports():
+    """What openstacksdk's server tests do first: a network of their own with a subnet, a
+    server port on it, then everything deleted in order (neutron's 409s when out of order)."""
+    from scoperouter_lab.netstub import make_server
+
+    server = make_server("127.0.0.1", 0)
+    base = f"http://127.0.0.1:{server.server_address[1]}/v2.0"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        status, made = _call("POST", f"{base}/networks", {"network": {"name": "n1"}})
+        assert status == 201
+        net = made["network"]
+        assert (net["shared"], net["status"], net["subnets"]) == (False, "ACTIVE", [])
+        body = {"name": "s1", "network_id": net["id"], "ip_version": 4, "cidr": "192.0.2.0/28"}
+        _, made = _call("POST", f"{base}/subnets", {"subnet": body})
+        sub = made["subnet"]
+        assert sub["gateway_ip"] == "192.0.2.1"
+        assert sub["allocation_pools"] == [{"start": "192.0.2.2", "end": "192.0.2.14"}]
+        assert _get(f"{base}/networks/{net['id']}")[1]["network"]["subnets"] == [sub["id"]]
+        _, made = _call("POST", f"{base}/ports", {"port": {"network_id": net["id"]}})
+        port = made["port"]
+        assert port["fixed_ips"] == [{"subnet_id": sub["id"], "ip_address": "192.0.2.2"}]
+        _, renamed = _call("PUT", f"{base}/networks/{net['id']}", {"network": {"name": "n2"}})
+        assert renamed["network"]["name"] == "n2"
+        bad = _call("PUT", f"{base}/subnets/{sub['id']}", {"subnet": {"cidr": "10.9.0.0/24"}})
+        assert bad[0] == 400
+        assert _call("DELETE", f"{base}/subnets/{sub['id']}")[0] == 409
+        assert _call("DELETE", f"{base}/networks/{net['id']}")[0] == 409
+        assert _call("DELETE", f"{base}/ports/{port['id']}")[0] == 204
+        assert _call("DELETE", f"{base}/networks/{net['id']}")[0] == 204
+        assert _get(f"{base}/subnets/{sub['id']}")[0] == 404  # went with its network
+        bad = _call("POST", f"{base}/subnets", {"subnet": {"network_id": "x", "cidr": "1/2"}})
+        assert bad[0] == 404
     finally:
         server.shutdown()
         server.server_close()
