@@ -247,6 +247,52 @@ def _progress(line: str) -> bool:
 # --------------------------------------------------------------------------- all modes
 
 
+class ModeBroken(RuntimeError):
+    """A mode does not do what it says (e.g. the scope hook did not load): its run would
+    compare nothing meaningful."""
+
+
+def preflight(lab: Lab, cloud: str, mode: str, d: Path) -> list[str]:
+    """Before a mode's run, check that both clients, configured exactly as the suites are,
+    send requests where the mode says: openstacksdk's compute endpoint is the backend (direct)
+    or the router (router, scoped), and the image both clients find is the cloud's own or, when
+    scoped, the scope's cloud's (openstacksdk turns a vendor hook that fails to import into a
+    warning: a silently unscoped run would prove nothing)."""
+    from openstack import config as os_config
+    from openstack import connection
+
+    problems = []
+    fed = lab.federation["clouds"][cloud]["services"]["compute"]["public"]
+    want_compute = fed["backend"] if mode == "direct" else fed["url"]
+    image_cloud = SCOPE["image"] if mode == "scoped" else cloud
+    with contextlib.closing(lab.connect(f"{image_cloud.lower()}-admin")) as owner:
+        want_image = owner.image.find_image(SDK_IMAGE, ignore_missing=False).id
+    cfg = os_config.OpenStackConfig(
+        config_files=[str(d / "clouds.yaml")],
+        secure_files=[str(d / "secure.yaml")],
+        load_envvars=False,
+    )
+    with contextlib.closing(connection.Connection(config=cfg.get_one(cloud="devstack"))) as c:
+        compute = c.compute.get_endpoint() or ""
+        if not compute.startswith(want_compute):
+            problems.append(f"openstacksdk's compute endpoint is {compute}, not {want_compute}")
+        found = c.image.find_image(SDK_IMAGE, ignore_missing=False).id
+        if found != want_image:
+            problems.append(f"openstacksdk found image {found}, not {image_cloud}'s {want_image}")
+    cli = subprocess.run(
+        ["openstack", "--os-cloud", "devstack", "image", "show", SDK_IMAGE,
+         "-f", "value", "-c", "id"],
+        cwd=d, env=mode_env(Path(sys.executable).parent), capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    if cli.stdout.strip() != want_image:
+        problems.append(
+            f"the openstack CLI found image {cli.stdout.strip() or cli.stderr.strip()[-300:]}, "
+            f"not {image_cloud}'s {want_image}"
+        )
+    return problems
+
+
 def run_modes(
     lab: Lab,
     cloud: str,
@@ -267,7 +313,11 @@ def run_modes(
             lab.clean(out)
         clouds = suite_clouds(lab.clouds, lab.federation, cloud, mode, SCOPE)
         d = prepare(workdir, mode, clouds)
-        out.write(f"({LETTER[mode]}) {mode}: {len(ids)} selections, in {d}\n")
+        problems = preflight(lab, cloud, mode, d)
+        if problems:
+            raise ModeBroken(f"({LETTER[mode]}) {mode}: " + "; ".join(problems))
+        out.write(f"({LETTER[mode]}) {mode}: checked (openstacksdk and the openstack CLI reach "
+                  f"what the mode says); {len(ids)} selections, in {d}\n")  # fmt: skip
         out.flush()
         t = time.monotonic()
         report = d / "results.xml"
@@ -488,7 +538,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             clean=not args.no_cleanup,
             keyword=args.keyword,
         )
-    except ConfigMissing as exc:
+    except (ConfigMissing, ModeBroken) as exc:
         out.write(f"the lab cannot run the suites: {exc}\n")
         return 2
     comp = compare(by_mode, modes)
