@@ -1,18 +1,18 @@
 """The ``scoperouter`` console script. Thin: parses arguments and delegates.
 
 Subcommands: ``serve`` (run a cloud's router), ``route`` (print the routing decision for one
-request, sending nothing), ``check-config`` (validate a federation config) and ``lab`` (a lab of
-real OpenStack clouds on this machine).
+request, sending nothing), ``check-config`` (validate a federation config), ``lab`` (a lab of
+real OpenStack clouds on this machine) and ``broker`` (the Open Service Broker).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
 from collections.abc import Sequence
-from types import ModuleType
 from urllib.parse import urlsplit
 
 from scoperouter import __version__
@@ -45,6 +45,7 @@ examples:
       --scope '{"image": "CloudTwo"}' GET http://127.0.0.2:9292/v2/images
   scoperouter serve --config config/federation.yaml --cloud CloudOne
   scoperouter lab up        # real OpenStack clouds on this machine, each behind a router
+  scoperouter broker serve --config config/broker.yaml   # the Open Service Broker
 """
 
 
@@ -159,14 +160,56 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--cloud", metavar="NAME", help="also check that this cloud is defined")
     check.set_defaults(func=cmd_check_config)
 
-    lab_cli: ModuleType | None
-    try:
-        from scoperouter.lab import cli as lab_cli
-    except ImportError:  # the lab is optional at import time (e.g. a trimmed install)
-        lab_cli = None
-    if lab_cli is not None and hasattr(lab_cli, "register"):
+    if importlib.util.find_spec("scoperouter_lab") is None:
+        _lab_missing(sub)
+    else:
+        from scoperouter_lab import cli as lab_cli
+
         lab_cli.register(sub)
+    try:
+        from scoperouter.broker import cli as broker_cli
+    except ImportError as exc:  # the broker's libraries are the `broker` extra
+        missing = str(exc)
+        stub = sub.add_parser(
+            "broker", help="the Open Service Broker (needs: pip install 'scoperouter[broker]')"
+        )
+        stub.set_defaults(func=lambda _args: _missing_broker(missing))
+    else:
+        broker_cli.register(sub)
     return parser
+
+
+def _missing_broker(reason: str) -> int:
+    print(
+        f"scoperouter broker: not installed ({reason}): pip install 'scoperouter[broker]'",
+        file=sys.stderr,
+    )
+    return 2
+
+
+LAB_MISSING = """\
+the lab is not installed: it is its own package, scoperouter-lab (a router does not need it).
+From a checkout of scoperouter:
+
+    pip install -e ./lab
+"""
+
+
+def _lab_missing(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`scoperouter lab ...` without the lab package: say how to get it."""
+    lab = sub.add_parser(
+        "lab",
+        help="real OpenStack clouds on this machine (needs the scoperouter-lab package)",
+        description=LAB_MISSING,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    lab.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+    def missing(_: argparse.Namespace) -> int:
+        print(f"scoperouter lab: {LAB_MISSING}", file=sys.stderr, end="")
+        return 1
+
+    lab.set_defaults(func=missing)
 
 
 def _load(path: str, cloud: str | None = None) -> Catalog | None:

@@ -161,7 +161,7 @@ class ScopedAuth:
     def scoperouter_unscoped(self) -> Any:
         """A copy of this plugin without the scope (its plain class)."""
         # Not copy.copy: that goes through __reduce_ex__ below, which calls this.
-        base: type = type(self).__scoped_base__  # type: ignore[attr-defined]
+        base: Any = type(self).__scoped_base__  # type: ignore[attr-defined]
         plain = base.__new__(base)
         plain.__dict__.update(
             (k, v) for k, v in self.__dict__.items() if k not in _SCOPED_ATTRIBUTES

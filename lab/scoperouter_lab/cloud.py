@@ -1,0 +1,591 @@
+"""One lab cloud: its config files, databases, processes and seed data."""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import hashlib
+import os
+import pwd
+import sqlite3
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from scoperouter_lab import templates as T
+from scoperouter_lab.api import Keystone, http_status, request, wait_for
+from scoperouter_lab.infra import run, tail
+from scoperouter_lab.layout import SERVICE_TYPE, STAND_INS, CloudSpec
+from scoperouter_lab.procs import ProcessTable, fingerprint
+
+SERVICE_USERS = {"glance": "glance", "placement": "placement", "nova": "nova"}
+IMAGE_NAME = "tiny"
+# The same few KB under the name OpenStack's functional tests look for (python-openstackclient's
+# compute tests pick the first `cirros-*-disk` image; the virt driver is fake, the bytes never
+# boot). A property says so.
+CIRROS_NAME = "cirros-0.6.3-x86_64-disk"
+IMAGES = {
+    IMAGE_NAME: {},
+    CIRROS_NAME: {"scoperouter_lab": "stand-in bytes named as the functional tests expect"},
+}
+IMAGE_SIZE = 64 * 1024
+# devstack's flavors (lib/nova create_flavors): what the upstream suites expect by name and size
+FLAVORS = (
+    {"id": "1", "name": "m1.tiny", "ram": 512, "disk": 1, "vcpus": 1},
+    {"id": "2", "name": "m1.small", "ram": 2048, "disk": 20, "vcpus": 1},
+    {"id": "3", "name": "m1.medium", "ram": 4096, "disk": 40, "vcpus": 2},
+    {"id": "4", "name": "m1.large", "ram": 8192, "disk": 80, "vcpus": 4},
+    {"id": "5", "name": "m1.xlarge", "ram": 16384, "disk": 160, "vcpus": 8},
+    {"id": "c1", "name": "cirros256", "ram": 256, "disk": 1, "vcpus": 1},
+    {"id": "d1", "name": "ds512M", "ram": 512, "disk": 5, "vcpus": 1},
+    {"id": "d2", "name": "ds1G", "ram": 1024, "disk": 10, "vcpus": 1},
+    {"id": "d3", "name": "ds2G", "ram": 2048, "disk": 10, "vcpus": 2},
+    {"id": "d4", "name": "ds4G", "ram": 4096, "disk": 20, "vcpus": 4},
+)
+# nova's default quotas (10 instances, 20 cores, 50 GB) raised for every project: set on the
+# `default` quota class, so a project's quota reverts to these when its own is deleted (as
+# openstacksdk's quota tests do with the demo project)
+DEFAULT_QUOTA = {"instances": 100, "cores": 400, "ram": 2048000}
+
+# API process -> (WSGI application, service type (port), uWSGI processes, threads per process).
+# One keystone process: its in-process cache must be consistent (see templates.keystone_conf).
+API_PROCESSES = {
+    "keystone": ("keystone.wsgi.api:application", "identity", 1, 4),
+    "glance": ("glance.wsgi.api:application", "image", 1, 4),
+    "placement": ("placement.wsgi.api:application", "placement", 1, 1),
+    "nova-api": ("nova.wsgi.osapi_compute:application", "compute", 1, 4),
+}
+NOVA_DAEMONS = ("nova-conductor", "nova-scheduler", "nova-compute")
+
+
+def _utc(text: str | None) -> float:
+    """Nova's naive UTC timestamps -> epoch seconds (0 when absent)."""
+    if not text:
+        return 0.0
+    stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=UTC)
+    return stamp.timestamp()
+
+
+def tiny_image_bytes(size: int = IMAGE_SIZE) -> bytes:
+    """A deterministic few-KB raw 'disk': a recognisable header then a hash stream."""
+    head = b"scoperouter lab tiny raw image\n"
+    out = bytearray(head)
+    block = hashlib.sha256(head).digest()
+    while len(out) < size:
+        block = hashlib.sha256(block).digest()
+        out += block
+    return bytes(out[:size])
+
+
+@dataclass
+class Step:
+    """What the orchestrator passes down to report progress."""
+
+    report: Callable[[str, str, float], None]
+
+    def timed(self, label: str, fn: Callable[[], str | None]) -> str | None:
+        t0 = time.monotonic()
+        result = fn()
+        self.report(label, result or "ok", time.monotonic() - t0)
+        return result
+
+
+class CloudRunner:
+    def __init__(
+        self,
+        ctx: T.CloudContext,
+        services: tuple[str, ...],
+        procs: ProcessTable,
+        step: Step,
+        proxy_env: bool,
+    ) -> None:
+        self.ctx = ctx
+        self.cloud: CloudSpec = ctx.cloud
+        self.paths = ctx.paths
+        self.services = services
+        self.procs = procs
+        self.step = step
+        self.proxy_env = proxy_env
+        self.setup_log = self.paths.log(self.cloud, "setup")
+
+    # ------------------------------------------------------------------ naming
+
+    def pname(self, what: str) -> str:
+        return f"{self.cloud.slug}-{what}"
+
+    def log(self, what: str) -> Path:
+        return self.paths.log(self.cloud, what)
+
+    def label(self, text: str) -> str:
+        return f"{self.cloud.name}: {text}"
+
+    def process_names(self) -> list[str]:
+        names = ["keystone", *STAND_INS]
+        if "glance" in self.services:
+            names.append("glance")
+        if "placement" in self.services:
+            names.append("placement")
+        if "nova" in self.services:
+            names += ["nova-api", *NOVA_DAEMONS]
+        return names
+
+    # ------------------------------------------------------------------ environment
+
+    def env(self) -> dict[str, str]:
+        drop = ("http_proxy", "https_proxy", "no_proxy", "all_proxy")
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k.lower() not in drop and not k.startswith(("OS_", "PYTHON", "VIRTUAL_ENV"))
+        }
+        env["PATH"] = f"{self.paths.venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
+        if self.proxy_env:
+            # the services' own outgoing HTTP calls go through this cloud's router
+            proxy = f"http://{self.cloud.proxy_listen}"
+            env.update(HTTP_PROXY=proxy, http_proxy=proxy)
+        return env
+
+    # ------------------------------------------------------------------ config files
+
+    def write_configs(self) -> None:
+        ctx = self.ctx
+        venv_etc = self.paths.venv / "etc"
+        files: dict[Path, str] = {ctx.etc("keystone") / "keystone.conf": T.keystone_conf(ctx)}
+        if "glance" in self.services:
+            files[ctx.etc("glance") / "glance-api.conf"] = T.glance_conf(ctx)
+            files[ctx.etc("glance") / "glance-api-paste.ini"] = (
+                venv_etc / "glance" / "glance-api-paste.ini"
+            ).read_text()
+        if "placement" in self.services:
+            files[ctx.etc("placement") / "placement.conf"] = T.placement_conf(ctx)
+        if "nova" in self.services:
+            files[ctx.etc("nova") / "nova.conf"] = T.nova_conf(ctx)
+            files[ctx.etc("nova") / "nova-db.conf"] = T.nova_db_conf(ctx)
+            files[ctx.etc("nova") / "api-paste.ini"] = (
+                venv_etc / "nova" / "api-paste.ini"
+            ).read_text()
+        envs = {
+            "keystone": {"OS_KEYSTONE_CONFIG_DIR": str(ctx.etc("keystone"))},
+            "glance": {"OS_GLANCE_CONFIG_DIR": str(ctx.etc("glance"))},
+            "placement": {"OS_PLACEMENT_CONFIG_DIR": str(ctx.etc("placement"))},
+            "nova-api": {
+                "OS_NOVA_CONFIG_DIR": str(ctx.etc("nova")),
+                "OS_NOVA_CONFIG_FILES": "api-paste.ini;nova.conf;nova-db.conf",
+            },
+        }
+        for name, (module, stype, processes, threads) in API_PROCESSES.items():
+            service = name.split("-")[0]
+            if service not in self.services:
+                continue
+            files[self.uwsgi_ini(name)] = T.uwsgi_ini(
+                ctx, name, module, self.cloud.port(stype), envs[name], processes, threads
+            )
+        for d in ("keystone-fernet", "keystone-credential", "glance-images", "glance-staging",
+                  "glance-tasks", "nova", "placement", "locks"):  # fmt: skip
+            ctx.data(d).mkdir(parents=True, exist_ok=True)
+            ctx.data(d).chmod(0o700)
+        for path, text in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.exists() or path.read_text() != text:
+                path.write_text(text)
+                path.chmod(0o600)
+
+    def uwsgi_ini(self, name: str) -> Path:
+        service = name.split("-")[0]
+        return self.ctx.etc(service) / f"{name}-uwsgi.ini"
+
+    # ------------------------------------------------------------------ databases
+
+    def _once(self, key: str, label: str, fn: Callable[[], None]) -> None:
+        """Run a one-time setup step unless its marker says it is done."""
+        marker = self.paths.marker(self.cloud, key)
+        if marker.exists():
+            return
+        self.step.timed(self.label(label), fn)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(time.strftime("%Y-%m-%d %H:%M:%S\n"))
+
+    def _manage(self, argv: list[str], what: str, env: dict[str, str] | None = None) -> str:
+        return run(
+            argv, self.setup_log, what=self.label(what), env={**self.env(), **(env or {})},
+            timeout=600,
+        )  # fmt: skip
+
+    def keystone_setup(self) -> None:
+        conf = str(self.ctx.etc("keystone") / "keystone.conf")
+        km = [str(self.paths.venv_bin("keystone-manage")), "--config-file", conf]
+        user = pwd.getpwuid(os.getuid()).pw_name
+        group = grp.getgrgid(os.getgid()).gr_name
+        owner = ["--keystone-user", user, "--keystone-group", group]
+
+        def sync() -> None:
+            self._manage([*km, "db_sync"], "keystone db_sync")
+            self._manage([*km, "fernet_setup", *owner], "keystone fernet_setup")
+            self._manage([*km, "credential_setup", *owner], "keystone credential_setup")
+
+        def bootstrap() -> None:
+            # idempotent; run again when the admin password changes (bootstrap resets it)
+            self._manage(
+                [
+                    *km, "bootstrap",
+                    "--bootstrap-username", "admin",
+                    "--bootstrap-project-name", "admin",
+                    "--bootstrap-role-name", "admin",
+                    "--bootstrap-service-name", "keystone",
+                    "--bootstrap-region-id", self.cloud.region,
+                    "--bootstrap-public-url", self.cloud.endpoint_url("identity", self.ctx.routed),
+                ],
+                "keystone bootstrap",
+                # in the environment, not argv: the command line is logged (and ps shows it)
+                env={"OS_BOOTSTRAP_PASSWORD": self.ctx.secrets.admin},
+            )  # fmt: skip
+            # A password reset revokes the user's tokens with one-second granularity: a token
+            # issued in the same second would be refused. Let that second pass.
+            time.sleep(1.1)
+
+        self._once("keystone-db", "keystone db sync", sync)
+        admin = hashlib.sha256(self.ctx.secrets.admin.encode()).hexdigest()[:12]
+        self._once(f"keystone-bootstrap-{admin}", "keystone bootstrap", bootstrap)
+
+    def glance_setup(self) -> None:
+        conf = str(self.ctx.etc("glance") / "glance-api.conf")
+
+        def sync() -> None:
+            manage = str(self.paths.venv_bin("glance-manage"))
+            self._manage([manage, "--config-file", conf, "db_sync"], "glance db_sync")
+
+        self._once("glance-db", "glance db sync", sync)
+
+    def placement_setup(self) -> None:
+        conf = str(self.ctx.etc("placement") / "placement.conf")
+
+        def sync() -> None:
+            manage = str(self.paths.venv_bin("placement-manage"))
+            self._manage([manage, "--config-file", conf, "db", "sync"], "placement db sync")
+            # WAL: readers never wait for the writer; the mode is stored in the file
+            with contextlib.closing(sqlite3.connect(self.ctx.placement_db)) as db:
+                db.execute("PRAGMA journal_mode=WAL")
+
+        self._once("placement-db-sqlite", "placement db sync (SQLite)", sync)
+
+    def nova_manage(self, *args: str, what: str, extra_conf: Path | None = None) -> str:
+        confs = [self.ctx.etc("nova") / "nova.conf", self.ctx.etc("nova") / "nova-db.conf"]
+        nm = [str(self.paths.venv_bin("nova-manage"))]
+        for conf in [*confs, *([extra_conf] if extra_conf else [])]:
+            nm += ["--config-file", str(conf)]
+        return self._manage([*nm, *args], what)
+
+    def map_cell0(self) -> None:
+        """``nova-manage cell_v2 map_cell0`` without a database URL on its command line (the
+        setup log records every command line): nova derives cell0's URL from ``[database]
+        connection`` + ``_cell0``, so a short-lived config file names ``<cloud>_nova``."""
+        conf = self.ctx.etc("nova") / "nova-cell0-map.conf"
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(T.nova_cell0_map_conf(self.ctx))
+        try:
+            self.nova_manage("cell_v2", "map_cell0", what="nova-manage cell_v2 map_cell0",
+                             extra_conf=conf)  # fmt: skip
+        finally:
+            conf.unlink(missing_ok=True)
+
+    def nova_setup(self) -> None:
+        def sync() -> None:
+            self.nova_manage("api_db", "sync", what="nova-manage api_db sync")
+            self.map_cell0()
+            cells = self.nova_manage("cell_v2", "list_cells", what="nova-manage list_cells")
+            if " cell1 " not in cells:
+                self.nova_manage(
+                    "cell_v2", "create_cell", "--name", "cell1", "--verbose",
+                    what="nova-manage cell_v2 create_cell",
+                )  # fmt: skip
+            self.nova_manage("db", "sync", what="nova-manage db sync")
+
+        self._once("nova-db", "nova db sync (api, cell0, cell1)", sync)
+
+    # ------------------------------------------------------------------ processes
+
+    def _spec(self, what: str) -> tuple[list[str], str]:
+        """argv and fingerprint of one process of this cloud."""
+        nova_etc = self.ctx.etc("nova")
+        if what in STAND_INS:
+            stype, module, _ = STAND_INS[what]
+            argv = [sys.executable, "-m", module, "--listen",
+                    f"{self.cloud.back_ip}:{self.cloud.port(stype)}"]  # fmt: skip
+            confs = [Path(__file__).with_name(module.rsplit(".", 1)[1] + ".py")]
+        elif what in API_PROCESSES:
+            service = what.split("-")[0]
+            argv = [str(self.paths.venv_bin("uwsgi")), "--ini", str(self.uwsgi_ini(what))]
+            confs = sorted(self.ctx.etc(service).glob("*.conf")) + sorted(
+                self.ctx.etc(service).glob("*.ini")
+            )
+        else:  # nova daemons; nova-compute must not see the database sections
+            confs = [nova_etc / "nova.conf"]
+            if what != "nova-compute":
+                confs.append(nova_etc / "nova-db.conf")
+            argv = [str(self.paths.venv_bin(what))]
+            for c in confs:
+                argv += ["--config-file", str(c)]
+        env = self.env()
+        fp = fingerprint(argv, {k: v for k, v in env.items() if "PROXY" in k.upper()}, *confs)
+        return argv, fp
+
+    def _stop_changed(self) -> None:
+        """Stop (in parallel) the processes whose definition changed, before restarting them."""
+        changed = []
+        for what in self.process_names():
+            rec = self.procs.get(self.pname(what))
+            if rec is not None and rec.alive() and rec.fingerprint != self._spec(what)[1]:
+                changed.append(self.pname(what))
+        if changed:
+            with ThreadPoolExecutor(max_workers=len(changed)) as pool:
+                list(pool.map(self.procs.stop, changed))
+
+    def _start(self, what: str) -> str:
+        argv, fp = self._spec(what)
+        name = self.pname(what)
+        if self.procs.running(name, fp):
+            return "running"
+        stopped = self.procs.stop(name)
+        self.procs.start(name, argv, log=self.log(what), env=self.env(), fp=fp,
+                         cwd=self.paths.root)  # fmt: skip
+        return "restarted (changed)" if stopped else "started"
+
+    def start_api(self, name: str) -> str:
+        return self._start(name)
+
+    def start_stand_ins(self) -> list[str]:
+        return [self._start(name) for name in STAND_INS]
+
+    def start_nova_daemon(self, name: str) -> str:
+        return self._start(name)
+
+    def api_healthy(self, name: str) -> bool:
+        stype = STAND_INS[name][0] if name in STAND_INS else API_PROCESSES[name][1]
+        status = http_status(self.cloud.backend_url(stype) + "/")
+        return status is not None and status < 500
+
+    def wait_api(self, name: str, timeout: float = 180) -> None:
+        pname = self.pname(name)
+
+        def died() -> str | None:
+            rec = self.procs.get(pname)
+            if rec is not None and rec.alive():
+                return None
+            return f"the process exited; last lines of {self.log(name)}:\n{tail(self.log(name))}"
+
+        wait_for(self.label(f"{name} answering on {self.cloud.back_ip}"),
+                 lambda: self.api_healthy(name), timeout, on_fail=died)  # fmt: skip
+
+    def start_keystone(self) -> str:
+        result = self.start_api("keystone")
+        self.wait_api("keystone")
+        return result
+
+    # ------------------------------------------------------------------ keystone seed
+
+    def admin(self) -> Keystone:
+        """Admin session straight at the keystone backend (works before the router is up)."""
+        return Keystone(
+            self.cloud.backend_endpoint("identity"), "admin", self.ctx.secrets.admin
+        ).login()
+
+    def seed_keystone(self) -> str:
+        ks = self.admin()
+        routed = self.ctx.routed
+        service_project = ks.ensure_project("service", "OpenStack service users")
+        for service, user in SERVICE_USERS.items():
+            if service not in self.services:
+                continue
+            uid = ks.ensure_user(user, self.ctx.secrets.service, service_project)
+            ks.grant(service_project, uid, "admin")
+            ks.grant(service_project, uid, "service")
+        # the routers of the other clouds validate tokens of this cloud as this user
+        router = ks.ensure_user("scoperouter", self.ctx.secrets.router, service_project)
+        ks.grant(service_project, router, "service")
+        demo_project = ks.ensure_project("demo", "the lab's demo project")
+        demo = ks.ensure_user("demo", self.ctx.secrets.demo, demo_project)
+        ks.grant(demo_project, demo, "member")
+        # a second ordinary user in its own project, as devstack has (the suites' "alt" cloud)
+        alt_project = ks.ensure_project("alt_demo", "the lab's second demo project")
+        alt = ks.ensure_user("alt_demo", self.ctx.secrets.alt_demo, alt_project)
+        ks.grant(alt_project, alt, "member")
+        region = self.cloud.region
+        names = {"identity": "keystone", "image": "glance", "placement": "placement",
+                 "compute": "nova"}  # fmt: skip
+        names.update({stype: name for stype, _, name in STAND_INS.values()})
+        for stype in self.service_types():
+            sid = ks.ensure_service(stype, names[stype])
+            ks.ensure_endpoint(sid, "public", self.cloud.endpoint_url(stype, routed), region)
+        return f"{len(self.service_types())} endpoints -> {'router' if routed else 'backends'}"
+
+    def service_types(self) -> list[str]:
+        types = ["identity", *(stype for stype, _, _ in STAND_INS.values())]
+        for s in ("glance", "placement", "nova"):
+            if s in self.services:
+                types.append(SERVICE_TYPE[s])
+        return types
+
+    def endpoint_rows(self) -> list[dict[str, str]]:
+        return self.admin().endpoint_rows()
+
+    # ------------------------------------------------------------------ other services
+
+    def start_services(self) -> str:
+        self._stop_changed()
+        results = self.start_stand_ins()
+        for name in ("glance", "placement"):
+            if name in self.services:
+                results.append(self.start_api(name))
+        if "nova" in self.services:
+            results.append(self.start_api("nova-api"))
+            for d in NOVA_DAEMONS:
+                results.append(self.start_nova_daemon(d))
+        started = sum(1 for r in results if r != "running")
+        return f"{started} started, {len(results) - started} already running"
+
+    def wait_services(self) -> str:
+        for name in (*STAND_INS, "glance", "placement", "nova-api"):
+            service = name.split("-")[0]
+            if name in STAND_INS or service in self.services:
+                self.wait_api(name)
+        if "nova" in self.services:
+            self.wait_compute()
+        return "healthy"
+
+    def nova_url(self) -> str:
+        return self.cloud.backend_endpoint("compute")
+
+    def wait_compute(self, timeout: float = 180) -> None:
+        ks = self.admin()
+
+        started = {}
+        for d in NOVA_DAEMONS:
+            rec = self.procs.get(self.pname(d))
+            started[d] = rec.when if rec else 0.0
+
+        def services_up() -> bool:
+            # up, and reporting since the current process started (a restarted service keeps
+            # its old "up" state in the database for a minute)
+            found = ks.call("GET", self.nova_url() + "/os-services")["services"]
+            fresh = {
+                s["binary"]
+                for s in found
+                if s["state"] == "up"
+                and s["status"] == "enabled"
+                and s["binary"] in started
+                and _utc(s.get("updated_at")) >= started[s["binary"]] - 2
+            }
+            return set(NOVA_DAEMONS) <= fresh
+
+        def died() -> str | None:
+            for d in NOVA_DAEMONS:
+                rec = self.procs.get(self.pname(d))
+                if rec is None or not rec.alive():
+                    return f"{d} exited; last lines of {self.log(d)}:\n{tail(self.log(d))}"
+            return None
+
+        wait_for(self.label("nova conductor, scheduler and compute up"), services_up, timeout,
+                 interval=1.0, on_fail=died)  # fmt: skip
+
+        def hypervisors() -> bool:
+            return bool(ks.call("GET", self.nova_url() + "/os-hypervisors")["hypervisors"])
+
+        placement = self.cloud.backend_url("placement")
+        host = f"{self.cloud.slug}-compute"
+
+        def in_placement() -> bool:
+            found = ks.call("GET", f"{placement}/resource_providers?name={host}")
+            return bool(found["resource_providers"])
+
+        mapped = hypervisors()
+        if mapped and in_placement():
+            return
+        if mapped:
+            # placement's database is new (moved or purged) while nova-compute still caches
+            # its resource provider: a restart registers the compute node again
+            self.step.timed(self.label("nova-compute re-registers in placement"),
+                            lambda: (self.procs.stop(self.pname("nova-compute")),
+                                     self._start("nova-compute"))[1])  # fmt: skip
+        wait_for(self.label("compute node in placement"), in_placement, 120, interval=1.0,
+                 on_fail=died)  # fmt: skip
+        if mapped:
+            return
+        self.step.timed(
+            self.label("nova discover_hosts"),
+            lambda: self.nova_manage("cell_v2", "discover_hosts", "--verbose",
+                                     what="nova-manage cell_v2 discover_hosts") and None,
+        )  # fmt: skip
+        wait_for(self.label("compute node mapped"), hypervisors, 60, interval=1.0)
+
+    # ------------------------------------------------------------------ seed data
+
+    def seed_resources(self) -> str:
+        ks = self.admin()
+        done = []
+        if "glance" in self.services:
+            done.append(self._seed_image(ks))
+        if "nova" in self.services:
+            done.append(self._seed_nova(ks))
+        return ", ".join(done) or "nothing to seed"
+
+    def _seed_image(self, ks: Keystone) -> str:
+        results = [self._ensure_image(ks, name, props) for name, props in IMAGES.items()]
+        made = [name for name, uploaded in zip(IMAGES, results, strict=True) if uploaded]
+        return f"images uploaded: {', '.join(made)}" if made else f"{len(IMAGES)} images present"
+
+    def _ensure_image(self, ks: Keystone, name: str, properties: dict[str, str]) -> bool:
+        """An active public image `name` with the tiny bytes; True when it was uploaded now."""
+        glance = self.cloud.backend_url("image")
+        found = ks.call("GET", f"{glance}/v2/images?name={name}")["images"]
+        if any(i["status"] == "active" for i in found):
+            return False
+        for stale in found:
+            ks.call("DELETE", f"{glance}/v2/images/{stale['id']}", ok=(404,))
+        image = ks.call(
+            "POST",
+            f"{glance}/v2/images",
+            {
+                "name": name,
+                "disk_format": "raw",
+                "container_format": "bare",
+                "visibility": "public",
+                "min_disk": 0,
+                "min_ram": 0,
+                **properties,
+            },
+        )
+        request(
+            "PUT",
+            f"{glance}/v2/images/{image['id']}/file",
+            data=tiny_image_bytes(),
+            headers={"X-Auth-Token": ks.token, "Content-Type": "application/octet-stream"},
+        )
+        wait_for(
+            self.label(f"image {name} active"),
+            lambda: ks.call("GET", f"{glance}/v2/images/{image['id']}")["status"] == "active",
+            60,
+        )
+        return True
+
+    def _seed_nova(self, ks: Keystone) -> str:
+        nova = self.nova_url()
+        flavors = ks.call("GET", f"{nova}/flavors/detail?is_public=None")["flavors"]
+        made = 0
+        for want in FLAVORS:
+            same = [f for f in flavors if f["id"] == want["id"] or f["name"] == want["name"]]
+            if any(all(f.get(k) == v for k, v in want.items()) for f in same):
+                continue
+            for old in same:  # flavors are immutable: replace one of another size
+                ks.call("DELETE", f"{nova}/flavors/{old['id']}", ok=(404,))
+            ks.call("POST", f"{nova}/flavors", {"flavor": dict(want)})
+            made += 1
+        ks.call("PUT", f"{nova}/os-quota-class-sets/default",
+                {"quota_class_set": dict(DEFAULT_QUOTA)})  # fmt: skip
+        return f"{len(FLAVORS)} flavors ({made} created), default quotas raised"

@@ -1,0 +1,125 @@
+"""The files a lab hands to its users: clouds.yaml and federation.yaml."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+
+from scoperouter_lab.layout import SERVICE_PORTS, CloudSpec
+from scoperouter_lab.templates import Secrets
+
+
+def federation_config(
+    rows_by_cloud: Mapping[CloudSpec, Sequence[Mapping[str, str]]],
+) -> dict[str, Any]:
+    """The federation config (docs/design.md) from live keystone endpoint lists.
+
+    Each row is one ``openstack endpoint list`` line (service_type, interface, url, region).
+    The row's URL becomes the router URL of the endpoint (rewritten onto the router frontend
+    when the catalog still points at the backend, i.e. a lab brought up without router); the
+    backend is the same URL on the cloud's backend address.
+    """
+    clouds: dict[str, dict[str, Any]] = {}
+    for cloud, rows in rows_by_cloud.items():
+        services: dict[str, dict[str, dict[str, str]]] = {}
+        used_types: list[str] = []
+        for row in sorted(rows, key=lambda r: (r["service_type"], r["interface"])):
+            stype = row["service_type"]
+            if stype not in SERVICE_PORTS:
+                continue
+            if row.get("region") and row["region"] != cloud.region:
+                continue
+            url = row["url"].rstrip("/")
+            front, back = cloud.frontend_url(stype), cloud.backend_url(stype)
+            if url.startswith(back):
+                url = front + url[len(back) :]
+            if not url.startswith(front):
+                raise ValueError(
+                    f"{cloud.name}: the {stype} {row['interface']} endpoint {row['url']} is "
+                    f"neither on the router ({front}) nor on the backend ({back})"
+                )
+            services.setdefault(stype, {})[row["interface"]] = {
+                "url": url,
+                "backend": back + url[len(front) :],
+            }
+            if stype not in used_types:
+                used_types.append(stype)
+        others = [c for c in rows_by_cloud if c != cloud]
+        clouds[cloud.name] = {
+            "region": cloud.region,
+            "frontends": [
+                {"url": cloud.frontend_url(t)}
+                for t in sorted(used_types, key=lambda t: SERVICE_PORTS[t][0])
+            ],
+            "proxy": {"listen": cloud.proxy_listen},
+            # clouds.yaml entries (written by the lab) of the router user of each other cloud
+            **({"credentials": {c.name: router_entry(c) for c in others}} if others else {}),
+            "services": services,
+        }
+    return {
+        "version": 1,
+        "settings": {"hop_limit": 8, "connect_timeout": 5.0, "response_timeout": 120.0},
+        "clouds": clouds,
+    }
+
+
+def router_entry(cloud: CloudSpec) -> str:
+    return f"{cloud.slug}-router"
+
+
+SecretsOf = Secrets | Mapping[CloudSpec, Secrets]
+
+
+def _secrets(secrets: SecretsOf, cloud: CloudSpec) -> Secrets:
+    return secrets if isinstance(secrets, Secrets) else secrets[cloud]
+
+
+def _entry(
+    cloud: CloudSpec, routed: bool, user: str, password: str | None, project: str
+) -> dict[str, Any]:
+    auth = {
+        "auth_url": cloud.endpoint_url("identity", routed),
+        "username": user,
+        **({"password": password} if password is not None else {}),
+        "project_name": project,
+        "user_domain_name": "Default",
+        "project_domain_name": "Default",
+    }
+    return {
+        "auth": auth,
+        "region_name": cloud.region,
+        "interface": "public",
+        "identity_api_version": 3,
+    }
+
+
+def clouds_config(clouds: Sequence[CloudSpec], secrets: SecretsOf, routed: bool) -> dict[str, Any]:
+    """`<cloud>` (demo user, demo project), `<cloud>-alt` (alt_demo, a second ordinary user),
+    `<cloud>-admin`, `<cloud>-router` (the user the routers of the other clouds use there:
+    service role only). The lab user's file: every entry has the password of its own cloud
+    only."""
+    out: dict[str, dict[str, Any]] = {}
+    for cloud in clouds:
+        sec = _secrets(secrets, cloud)
+        out[cloud.slug] = _entry(cloud, routed, "demo", sec.demo, "demo")
+        out[f"{cloud.slug}-alt"] = _entry(cloud, routed, "alt_demo", sec.alt_demo, "alt_demo")
+        out[f"{cloud.slug}-admin"] = _entry(cloud, routed, "admin", sec.admin, "admin")
+        out[router_entry(cloud)] = _entry(cloud, routed, "scoperouter", sec.router, "service")
+    return {"clouds": out}
+
+
+def router_clouds_config(
+    others: Sequence[CloudSpec], secrets: SecretsOf, routed: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """clouds.yaml and secure.yaml of one router: the `<cloud>-router` entry of each other cloud
+    it reaches (its federation `credentials`), the passwords in secure.yaml only. Nothing else:
+    a router's configuration holds no admin password, of its own cloud or another."""
+    clouds = {router_entry(c): _entry(c, routed, "scoperouter", None, "service") for c in others}
+    secure = {router_entry(c): {"auth": {"password": _secrets(secrets, c).router}} for c in others}
+    return {"clouds": clouds}, {"clouds": secure}
+
+
+def dump(data: Mapping[str, Any], header: str) -> str:
+    return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=False)

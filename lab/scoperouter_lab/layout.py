@@ -1,0 +1,193 @@
+"""Where everything of a lab lives: names, loopback addresses, ports, files.
+
+Address plan (cloud i = 1, 2, 3 ...):
+
+* the router of cloud i listens on ``127.0.0.(1+i)`` at the standard OpenStack ports (its
+  reverse-mode frontends, what the keystone catalog advertises) and on ``127.0.0.(1+i):3128``
+  (its forward proxy, the ``HTTP_PROXY`` of the cloud's services);
+* the real services of cloud i listen on ``127.0.1.(1+i)``, same ports, same paths;
+* PostgreSQL and RabbitMQ (one each, shared by all clouds) listen on ``127.0.0.1``.
+
+Same ports and paths on both sides keep version-discovery links right: the router keeps the
+``Host`` header, so a service builds links to the frontend the client used.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CLOUD_WORDS = (
+    "One", "Two", "Three", "Four", "Five", "Six", "Seven", "Eight", "Nine", "Ten",
+    "Eleven", "Twelve",
+)  # fmt: skip
+MAX_CLOUDS = len(CLOUD_WORDS)
+
+# service type -> (backend/frontend port, path of the endpoint URL)
+SERVICE_PORTS: dict[str, tuple[int, str]] = {
+    "identity": (5000, "/v3"),
+    "image": (9292, ""),
+    "compute": (8774, "/v2.1"),
+    "placement": (8778, ""),
+    "network": (9696, ""),
+    "block-storage": (8776, "/v3"),
+}
+# scoperouter's own stand-ins for services the lab does not run (real neutron and cinder are
+# heavy): process name -> (service type, module, keystone service name). Always present.
+STAND_INS: dict[str, tuple[str, str, str]] = {
+    "network": ("network", "scoperouter_lab.netstub", "neutron"),
+    "block-storage": ("block-storage", "scoperouter_lab.blockstub", "cinder"),
+}
+PROXY_PORT = 3128
+SHARED_HOST = "127.0.0.1"
+POSTGRES_PORT = 5432
+RABBIT_PORT = 5672
+RABBIT_DIST_PORT = 25672
+EPMD_PORT = 4369
+
+# What the user selects with --services, and what each selection needs.
+SELECTABLE = ("keystone", "glance", "placement", "nova")
+REQUIRES = {
+    "keystone": (),
+    "glance": ("keystone",),
+    "placement": ("keystone",),
+    "nova": ("keystone", "glance", "placement"),
+}
+# OpenStack service name -> service type in the catalog.
+SERVICE_TYPE = {
+    "keystone": "identity",
+    "glance": "image",
+    "placement": "placement",
+    "nova": "compute",
+    "network": "network",
+}
+# Databases per selected service, in the shared PostgreSQL (placement uses SQLite: see
+# templates.placement_conf).
+DATABASES: dict[str, tuple[str, ...]] = {
+    "keystone": ("keystone",),
+    "glance": ("glance",),
+    "placement": (),
+    "nova": ("nova_api", "nova_cell0", "nova_cell1"),
+}
+
+
+def default_dir() -> Path:
+    env = os.environ.get("SCOPEROUTER_LAB_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".local" / "share" / "scoperouter" / "lab"
+
+
+def resolve_services(text: str | None) -> tuple[str, ...]:
+    """``"glance"`` -> ``("keystone", "glance")``; raises ValueError on unknown names."""
+    wanted = [s.strip() for s in (text or ",".join(SELECTABLE)).split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in SELECTABLE]
+    if unknown:
+        raise ValueError(
+            f"unknown service(s) {', '.join(unknown)}; choose from {', '.join(SELECTABLE)}"
+        )
+    chosen: set[str] = set()
+    for name in wanted:
+        chosen.add(name)
+        chosen.update(REQUIRES[name])
+    return tuple(s for s in SELECTABLE if s in chosen)
+
+
+@dataclass(frozen=True)
+class CloudSpec:
+    index: int  # 1-based
+
+    @property
+    def name(self) -> str:
+        return "Cloud" + CLOUD_WORDS[self.index - 1]
+
+    @property
+    def slug(self) -> str:
+        return self.name.lower()
+
+    @property
+    def region(self) -> str:
+        return self.name
+
+    @property
+    def front_ip(self) -> str:
+        return f"127.0.0.{1 + self.index}"
+
+    @property
+    def back_ip(self) -> str:
+        return f"127.0.1.{1 + self.index}"
+
+    def port(self, service_type: str) -> int:
+        return SERVICE_PORTS[service_type][0]
+
+    def frontend_url(self, service_type: str) -> str:
+        """Base URL of the router frontend for a service (no path)."""
+        return f"http://{self.front_ip}:{self.port(service_type)}"
+
+    def backend_url(self, service_type: str) -> str:
+        return f"http://{self.back_ip}:{self.port(service_type)}"
+
+    def endpoint_url(self, service_type: str, routed: bool) -> str:
+        """The URL the keystone catalog advertises (router frontend, or backend when unrouted)."""
+        base = self.frontend_url(service_type) if routed else self.backend_url(service_type)
+        return base + SERVICE_PORTS[service_type][1]
+
+    def backend_endpoint(self, service_type: str) -> str:
+        return self.backend_url(service_type) + SERVICE_PORTS[service_type][1]
+
+    @property
+    def proxy_listen(self) -> str:
+        return f"{self.front_ip}:{PROXY_PORT}"
+
+    def db_name(self, suffix: str) -> str:
+        return f"{self.slug}_{suffix}"
+
+
+@dataclass
+class LabPaths:
+    root: Path
+    venv: Path = field(init=False)
+    etc: Path = field(init=False)
+    data: Path = field(init=False)
+    logs: Path = field(init=False)
+    run: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.root = self.root.expanduser().resolve()
+        self.venv = self.root / "venv"
+        self.etc = self.root / "etc"
+        self.data = self.root / "data"
+        self.logs = self.root / "logs"
+        self.run = self.root / "run"
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "lab.json"
+
+    @property
+    def clouds_yaml(self) -> Path:
+        return self.root / "clouds.yaml"
+
+    @property
+    def federation_yaml(self) -> Path:
+        return self.root / "federation.yaml"
+
+    def venv_bin(self, name: str) -> Path:
+        return self.venv / "bin" / name
+
+    def cloud_etc(self, cloud: CloudSpec, service: str) -> Path:
+        return self.etc / cloud.slug / service
+
+    def cloud_data(self, cloud: CloudSpec, what: str) -> Path:
+        return self.data / cloud.slug / what
+
+    def log(self, cloud: CloudSpec | None, name: str) -> Path:
+        if cloud is None:
+            return self.logs / f"{name}.log"
+        return self.logs / cloud.name / f"{name}.log"
+
+    def marker(self, cloud: CloudSpec | None, name: str) -> Path:
+        """A file that records a finished one-time step (db sync, bootstrap ...)."""
+        where = self.data / (cloud.slug if cloud else "shared") / "done"
+        return where / name
