@@ -222,7 +222,9 @@ def _decision(results: dict[str, Any], targets: list[report.Target]) -> str:
         b = builds.get(d["clouds"])
         # The target is for requests of a running session; a new scope's first request is
         # shown for information.
-        targeted = d["clouds"] >= 1000 and "cache miss" not in d["case"]
+        targeted = d["clouds"] >= 1000 and not (
+            "cache miss" in d["case"] or "new" in d["case"] or "refused" in d["case"]
+        )
         ok = d["us_per_decision"] <= report.TARGET_DECISION_US if targeted else None
         rows.append(
             [

@@ -184,6 +184,10 @@ class Memo:
         self._items[key] = value
         self._used += cost
 
+    def clear(self) -> None:
+        self._items.clear()
+        self._used = 0
+
     def __len__(self) -> int:
         return len(self._items)
 

@@ -289,7 +289,7 @@ def _validate(scope: Scope, catalog: Catalog) -> str | None:
     """
     for service_type, expr in scope.items():
         routed = service_type in catalog.service_types
-        for name in clouds_of(expr):
+        for name in (expr.name,) if isinstance(expr, CloudName) else clouds_of(expr):
             if name not in catalog.clouds:
                 return f"unknown cloud {name!r} for {service_type!r} (known: {_clouds(catalog)})"
             if routed and catalog.endpoint(name, service_type, "public") is None:

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import ItemsView, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 SCOPE_SEPARATOR = "!SCOPE!"
 MAX_SCOPE_LENGTH = 8192
@@ -56,9 +57,11 @@ class ScopeError(ValueError):
         self.message = message
 
 
-@dataclass(frozen=True, slots=True)
-class CloudName:
-    """A single cloud, by name (what the federation config defines is a ``catalog.Cloud``)."""
+class CloudName(NamedTuple):
+    """A single cloud, by name (what the federation config defines is a ``catalog.Cloud``).
+
+    A named tuple rather than a frozen dataclass: one is made per scope entry, and a frozen
+    dataclass costs several times more to construct."""
 
     name: str
 
@@ -198,9 +201,16 @@ def parse_expression(text: str) -> Expr:
 
 @dataclass(frozen=True, slots=True)
 class Scope(Mapping[str, Expr]):
-    """An immutable mapping service type -> expression, kept sorted for a canonical form."""
+    """An immutable mapping service type -> expression, kept sorted for a canonical form.
+
+    Lookups are O(1) (an index beside the sorted pairs): a scope may name up to
+    ``MAX_SCOPE_ENTRIES`` service types, and Mapping's ``items()`` looks each key up."""
 
     items_: tuple[tuple[str, Expr], ...] = ()
+    _index: dict[str, Expr] = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_index", dict(self.items_))
 
     @classmethod
     def of(cls, entries: Mapping[str, Expr] | Iterable[tuple[str, Expr]]) -> Scope:
@@ -209,9 +219,18 @@ class Scope(Mapping[str, Expr]):
 
     @classmethod
     def parse(cls, text: str) -> Scope:
-        """Parse the JSON text of a scope; raises ScopeError with a one-line reason."""
+        """Parse the JSON text of a scope; raises ScopeError with a one-line reason.
+
+        Cheap checks come first: the length, then the number of entries (every entry has at
+        least four quotes, and quotes have no place inside service types or cloud names), so
+        an oversized scope is refused before it is decoded."""
         if len(text) > MAX_SCOPE_LENGTH:
             raise ScopeError(f"scope longer than {MAX_SCOPE_LENGTH} characters")
+        if text.count('"') > 4 * MAX_SCOPE_ENTRIES:
+            raise ScopeError(
+                f"scope names more than {MAX_SCOPE_ENTRIES} service types; at most "
+                f"{MAX_SCOPE_ENTRIES} are accepted"
+            )
         try:
             data = json.loads(text)
         except (ValueError, RecursionError) as exc:
@@ -222,14 +241,20 @@ class Scope(Mapping[str, Expr]):
                 'scope must be a JSON object like {"image": "CloudTwo"}, '
                 f"not a JSON {type(data).__name__}"
             )
-        if len(data) > MAX_SCOPE_ENTRIES:  # checked before any entry is parsed
+        if len(data) > MAX_SCOPE_ENTRIES:  # escaped quotes can hide entries from the count
             raise ScopeError(
                 f"scope names {len(data)} service types; at most {MAX_SCOPE_ENTRIES} are accepted"
             )
         entries: dict[str, Expr] = {}
+        service_type_ok, plain = _SERVICE_TYPE.match, _PLAIN_NAME.match
         for service_type, value in data.items():
-            if not _SERVICE_TYPE.match(service_type):
+            if not service_type_ok(service_type):
                 raise ScopeError(f"{service_type!r} is not a service type (e.g. image, compute)")
+            # One cloud (the common case) is read here; anything else by the parser.
+            name = plain(value) if type(value) is str and len(value) <= 256 else None
+            if name is not None:
+                entries[service_type] = CloudName(name.group(1))
+                continue
             try:
                 entries[service_type] = parse_expression(value)
             except ScopeError as exc:
@@ -244,7 +269,7 @@ class Scope(Mapping[str, Expr]):
     def complete(self, service_types: Iterable[str], cloud: str) -> Scope:
         """Name `cloud` for every service type this scope leaves out, except that a service
         that follows another (see :data:`FOLLOWS`) gets that service's entry when it has one."""
-        entries = dict(self.items_)
+        entries = dict(self._index)
         missing: dict[str, Expr] = {
             st: CloudName(cloud) for st in service_types if st not in entries
         }
@@ -259,7 +284,7 @@ class Scope(Mapping[str, Expr]):
     def unfollowed(self) -> frozenset[str]:
         """The service types whose workflow cannot honour this scope: those a follower is
         named elsewhere than (``{"compute": "A", "placement": "B"}`` -> ``{"compute"}``)."""
-        entries = dict(self.items_)
+        entries = self._index
         return frozenset(
             leader
             for follower, leader in FOLLOWS.items()
@@ -267,10 +292,13 @@ class Scope(Mapping[str, Expr]):
         )
 
     def __getitem__(self, key: str) -> Expr:
-        for service_type, expr in self.items_:
-            if service_type == key:
-                return expr
-        raise KeyError(key)
+        return self._index[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._index.get(key, default)
+
+    def items(self) -> ItemsView[str, Expr]:
+        return self._index.items()
 
     def __iter__(self) -> Iterator[str]:
         return (k for k, _ in self.items_)

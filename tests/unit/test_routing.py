@@ -353,7 +353,11 @@ def test_placement_named_away_from_compute_is_refused_for_compute(catalog: Catal
 def test_scope_entries_are_bounded_before_any_is_parsed(catalog: Catalog) -> None:
     many = json.dumps({f"s{i}": "CloudOne" for i in range(372)})  # under the 8 KiB cap
     r = reject(catalog, facts(x_scope=many))
-    assert r.status == 400 and "372 service types; at most 100" in r.message
+    assert r.status == 400 and "more than 100 service types" in r.message
+    # Entries with fewer quotes (values that are not strings) are counted once decoded.
+    sneaky = json.dumps({f"s{i}": i for i in range(150)})
+    r = reject(catalog, facts(x_scope=sneaky))
+    assert r.status == 400 and "150 service types; at most 100" in r.message
     # Up to the bound, unknown service types are carried (issue 13), not refused.
     carried = json.dumps({f"svc-{i}": "CloudTwo" for i in range(99)})
     assert forward(catalog, facts(x_scope=carried)).cloud == "CloudOne"
