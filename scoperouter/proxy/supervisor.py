@@ -45,6 +45,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from scoperouter.catalog import Catalog
 from scoperouter.config import parse_catalog, read_config
 from scoperouter.errors import ConfigError
+from scoperouter.proxy.listeners import listener_signature, listeners_for
 
 logger = logging.getLogger("scoperouter")
 
@@ -161,19 +162,27 @@ class Supervisor:
 
     def _check(self) -> Catalog:
         """Read and validate the config file; the checked text becomes the workers' copy."""
+        catalog, text = self._read()
+        self._commit(text)
+        return catalog
+
+    def _read(self) -> tuple[Catalog, str]:
+        """The config file's catalog and text (ConfigError when it cannot be used)."""
         path = self.options.config_path
         text = read_config(path)
         catalog = parse_catalog(text, path, Path(path).parent)
         if self.options.cloud not in catalog.clouds:
             known = ", ".join(sorted(catalog.clouds))
-            raise ConfigError(
-                path, f"cloud {self.options.cloud!r} is not defined (clouds: {known})"
-            )
+            cloud = self.options.cloud
+            raise ConfigError(path, f"cloud {cloud!r} is not defined (clouds: {known})")
+        return catalog, text
+
+    def _commit(self, text: str) -> None:
+        """Make `text` the config workers read (atomically)."""
         tmp = self._snapshot + ".tmp"
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
             out.write(text)
         os.replace(tmp, self._snapshot)
-        return catalog
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -338,21 +347,30 @@ class Supervisor:
                 multiprocess.mark_process_dead(slot.proc.pid, self._metrics_dir)
 
     def reload(self) -> None:
-        """SIGHUP: check the config here, then have every worker reload it in place."""
+        """SIGHUP: check the config here, then have every worker reload it in place.
+
+        A config that changes what the listening sockets are (addresses, frontend URLs,
+        certificate files) cannot be applied in place: it is refused like an invalid one, and
+        the router keeps its config whole (a worker started later reads the same)."""
+        cloud = self.options.cloud
         try:
-            catalog = self._check()
+            catalog, text = self._read()
+            old = listener_signature(listeners_for(self.catalog, cloud))
+            new = listener_signature(listeners_for(catalog, cloud))
+            if old != new:
+                raise ConfigError(
+                    self.options.config_path,
+                    f"the listeners of {cloud} changed ("
+                    + ", ".join(a for a, *_ in old)
+                    + " -> "
+                    + ", ".join(a for a, *_ in new)
+                    + "); restart the router to apply a config that changes listen addresses "
+                    "or certificates",
+                )
         except ConfigError as exc:
             logger.error("reload refused, keeping the current config: %s", exc)
             return
-        old, new = (listen_addresses(c, self.options.cloud) for c in (self.catalog, catalog))
-        if old != new:
-            logger.warning(
-                "reload: the listen addresses of %s changed (%s -> %s); they take effect when "
-                "the router is restarted",
-                self.options.cloud,
-                ", ".join(f"{h}:{p}" for h, p in old),
-                ", ".join(f"{h}:{p}" for h, p in new),
-            )
+        self._commit(text)
         self.catalog = catalog
         for slot in self.slots:
             if slot.proc is not None and slot.proc.returncode is None:

@@ -99,16 +99,16 @@ class RouterConfig:
             logger.error("reload refused, keeping the current config: %s", exc)
             metrics.RELOADS.labels("refused").inc()
             return False
-        old, new = self.listeners, listeners_for(catalog, self.cloud)
-        if listener_signature(new) != listener_signature(old):
-            logger.warning(
-                "reload: listeners or certificates of %s changed (%s -> %s); routing uses the "
-                "new config but the listeners stay as they are until the router is restarted",
+        new = listeners_for(catalog, self.cloud)
+        if listener_signature(new) != listener_signature(self.listeners):
+            # The sockets cannot change in place (the supervisor refuses such a reload first).
+            logger.error(
+                "reload refused, keeping the current config: the listeners or certificates of "
+                "%s changed; restart the router to apply it",
                 self.cloud,
-                ", ".join(item.address for item in old),
-                ", ".join(item.address for item in new),
             )
-            new = old  # keep recognising the listeners that actually run
+            metrics.RELOADS.labels("refused").inc()
+            return False
         try:
             self._install(catalog, new)
         except Exception:  # a subscriber failed: the old config stays whole
