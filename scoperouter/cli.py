@@ -1,8 +1,8 @@
 """The ``scoperouter`` console script. Thin: parses arguments and delegates.
 
 Subcommands: ``serve`` (run a cloud's router), ``route`` (print the routing decision for one
-request, sending nothing), ``check-config`` (validate a federation config) and ``lab`` (a lab of
-real OpenStack clouds on this machine).
+request, sending nothing), ``check-config`` (validate a federation config), ``lab`` (a lab of
+real OpenStack clouds on this machine) and ``broker`` (the Open Service Broker).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ examples:
       --scope '{"image": "CloudTwo"}' GET http://127.0.0.2:9292/v2/images
   scoperouter serve --config config/federation.yaml --cloud CloudOne
   scoperouter lab up        # real OpenStack clouds on this machine, each behind a router
+  scoperouter broker serve --config config/broker.yaml   # the Open Service Broker
 """
 
 
@@ -140,7 +141,25 @@ def build_parser() -> argparse.ArgumentParser:
         lab_cli = None
     if lab_cli is not None and hasattr(lab_cli, "register"):
         lab_cli.register(sub)
+    try:
+        from scoperouter.broker import cli as broker_cli
+    except ImportError as exc:  # the broker's libraries are the `broker` extra
+        missing = str(exc)
+        stub = sub.add_parser(
+            "broker", help="the Open Service Broker (needs: pip install 'scoperouter[broker]')"
+        )
+        stub.set_defaults(func=lambda _args: _missing_broker(missing))
+    else:
+        broker_cli.register(sub)
     return parser
+
+
+def _missing_broker(reason: str) -> int:
+    print(
+        f"scoperouter broker: not installed ({reason}): pip install 'scoperouter[broker]'",
+        file=sys.stderr,
+    )
+    return 2
 
 
 def _load(path: str, cloud: str | None = None) -> Catalog | None:
