@@ -49,6 +49,7 @@ class MemoryOperation(OperationContext):
         clouds: Clouds,
         saved: Saved | None = None,
         *,
+        identity: Any = None,
         deadline: float = 600.0,
     ) -> None:
         self.operation_id = f"op-{kind}-{instance.id}"
@@ -62,6 +63,7 @@ class MemoryOperation(OperationContext):
         self.request_identity = None
         self.deadline = datetime.now(UTC) + timedelta(seconds=deadline)
         self.clouds = clouds
+        self.identity = identity
         self.log = logging.LoggerAdapter(log, {"operation": self.operation_id})
         self.saved = saved if saved is not None else Saved()
         self.cancel = False

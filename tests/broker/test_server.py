@@ -16,12 +16,13 @@ import requests
 from openstack import exceptions
 
 from scoperouter.broker.clouds import CloudUnavailable
+from scoperouter.broker.config import IdentityConfig
+from scoperouter.broker.identity import Space
 from scoperouter.broker.services.base import (
     Capacity,
     Done,
     Failed,
     InvalidParameters,
-    OperationContext,
     Pending,
 )
 from scoperouter.broker.services.server import (
@@ -156,6 +157,7 @@ class FakeImages:
 
 class FakeConn:
     def __init__(self, cloud: FakeCloud, project_id: str | None, scope: str | None) -> None:
+        self.cloud_name = cloud.name
         self.compute = FakeCompute(cloud, project_id, scope)
         self.image = FakeImages(cloud)
 
@@ -187,13 +189,20 @@ class FakeClouds:
         return cloud
 
 
-class FakeProjects:
+class FakeIdentity:
+    """identity.Identity as the services use it: the space's project in each cloud."""
+
+    config = IdentityConfig()
+
     def __init__(self) -> None:
         self.ensured: list[tuple[str, str]] = []
 
-    def ensure(self, op: OperationContext, cloud: str) -> str:
-        self.ensured.append((op.instance.id, cloud))
-        return f"project-{cloud}"
+    def space_project(self, conn: FakeConn, space: Space) -> str:
+        self.ensured.append((space.digest, conn.cloud_name))
+        return f"project-{conn.cloud_name}"
+
+    def grant_mapped(self, conn: FakeConn, cloud: str, project_id: str, who: Any) -> list[str]:
+        return []
 
 
 def federation(**overrides: dict[str, Any]) -> FakeClouds:
@@ -210,13 +219,14 @@ def federation(**overrides: dict[str, Any]) -> FakeClouds:
     return FakeClouds(*clouds)
 
 
-def make(clouds: FakeClouds, projects: FakeProjects | None = None) -> ServerService:
-    return ServerService(SETTINGS, clouds, projects=projects or FakeProjects())
+def make(clouds: FakeClouds) -> ServerService:
+    return ServerService(SETTINGS, clouds)
 
 
 def provision_op(service: ServerService, iid: str, saved: Saved | None = None, **params: Any):
     view = instance(iid, {"image": "tiny", **params})
-    return MemoryOperation("provision", view, service.catalog().plans[0], service.clouds, saved)
+    plan = service.catalog().plans[0]
+    return MemoryOperation("provision", view, plan, service.clouds, saved, identity=FakeIdentity())
 
 
 # ----------------------------------------------------------------------------- catalog
@@ -263,15 +273,14 @@ def test_validate_names_the_field():
 
 def test_most_free_places_in_the_freer_cloud_with_tags_and_polls_to_active():
     clouds = federation(CloudOne={"free": 0.2}, CloudTwo={"free": 0.9})
-    service, projects = None, FakeProjects()
-    service = make(clouds, projects)
+    service = make(clouds)
     op = provision_op(service, "i-1", user_data="#cloud-config", key_name="k")
     passes: list[Any] = []
     outcome = drive(service, op, max_sleep=0, passes=passes)
     assert isinstance(outcome, Done), outcome
     assert isinstance(passes[0], Pending) and "BUILD in CloudTwo" in passes[0].description
     (body,) = clouds.clouds["CloudTwo"].creates
-    assert body["tags"] == ["osb", "osb-i-1"] and body["metadata"] == {METADATA_KEY: "i-1"}
+    assert body["tags"] == ["osb", "osb-instance-i-1"] and body["metadata"] == {METADATA_KEY: "i-1"}
     assert body["flavor_id"] == "CloudTwo-tiny" and body["image_id"] == "CloudTwo-img"
     assert body["networks"] == "none" and body["key_name"] == "k"
     assert body["user_data"] == "I2Nsb3VkLWNvbmZpZw=="  # base64 of the text
@@ -282,7 +291,8 @@ def test_most_free_places_in_the_freer_cloud_with_tags_and_polls_to_active():
         "server_id": server_id, "image_id": "CloudTwo-img", "image_cloud": "CloudTwo",
         "scope": None}  # fmt: skip
     assert outcome.description == f"server {server_id} is ACTIVE in CloudTwo"
-    assert projects.ensured[0] == ("i-1", "CloudTwo")
+    assert [cloud for _, cloud in op.identity.ensured] == ["CloudTwo"]
+    assert op.saved.progress["projects"] == {"CloudTwo": "project-CloudTwo"}
 
 
 def test_image_of_another_cloud_is_used_through_a_scope():
@@ -471,7 +481,8 @@ def test_deprovision_removes_tagged_servers_everywhere_and_waits_for_them():
     clouds.clouds["CloudTwo"].servers["c"] = Obj(id="c", tags=["osb", "osb-other"])
     saved = Saved()
     view = instance("i-16", {"image": "tiny"})
-    op = MemoryOperation("deprovision", after(view, saved), service.catalog().plans[0], clouds)
+    plan = service.catalog().plans[0]
+    op = MemoryOperation("deprovision", after(view, saved), plan, clouds, identity=FakeIdentity())
     outcome = drive(service, op, max_sleep=0)
     assert outcome == Done("no server of this instance is left in any cloud")
     assert clouds.clouds["CloudOne"].deletes == ["a"] and clouds.clouds["CloudTwo"].deletes == ["b"]
@@ -481,8 +492,8 @@ def test_deprovision_removes_tagged_servers_everywhere_and_waits_for_them():
 
 def test_instance_tags_fit_nova():
     assert instance_tag("6f1c0a4e-4b39-4c0e-9a8e-0d2f1b7c9e11") == (
-        "osb-6f1c0a4e-4b39-4c0e-9a8e-0d2f1b7c9e11"
+        "osb-instance-6f1c0a4e-4b39-4c0e-9a8e-0d2f1b7c9e11"
     )
     long_tag = instance_tag("x" * 80)
-    assert long_tag.startswith("osb-") and len(long_tag) <= 60
+    assert long_tag.startswith("osb-instance-") and len(long_tag) <= 60
     assert instance_tag("a/b,c") != instance_tag("a/b,d") and "/" not in instance_tag("a/b,c")

@@ -13,7 +13,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from scoperouter.broker.clouds import CloudAccess, FederationClouds
-from scoperouter.broker.services.base import OperationContext
+from scoperouter.broker.config import IdentityConfig
+from scoperouter.broker.identity import Identity
 
 RUN = uuid.uuid4().hex[:8]  # this test run: in every name and instance id
 
@@ -32,30 +33,15 @@ def instance_id(label: str) -> str:
     return f"osb-{RUN}-{label}-{uuid.uuid4().hex[:6]}"
 
 
-class LabProjects:
-    """A project per (cloud, platform space), made the way the broker's identity component
-    does (found by name, else created; the broker's account gets the member role), for the
-    pass-level tests that run services without the broker's API."""
+def context(space: str) -> dict[str, str]:
+    """A Cloud Foundry context whose space project's name carries this run's id (the sweep
+    finds it: ``osb-cloudfoundry-osb-<run>-<space>-<digest>``)."""
+    return {"platform": "cloudfoundry", "organization_guid": f"osb-{RUN}", "space_guid": space}
 
-    def __init__(self, clouds: FederationClouds) -> None:
-        self.clouds = clouds
-        self.made: dict[str, set[str]] = {}
 
-    def name(self, op: OperationContext) -> str:
-        return f"osb-{RUN}-space-{op.instance.context.get('space_guid', 'none')}"
-
-    def ensure(self, op: OperationContext, cloud: str) -> str:
-        admin = self.clouds.connect(cloud)
-        name = self.name(op)
-        project = admin.identity.find_project(name, domain_id="default")
-        if project is None:
-            project = admin.identity.create_project(
-                name=name, domain_id="default", tags=[f"osb-{RUN}"]
-            )
-            member = admin.identity.find_role("member", ignore_missing=False)
-            admin.identity.assign_project_role_to_user(project, admin.current_user_id, member)
-        self.made.setdefault(cloud, set()).add(project.id)
-        return str(project.id)
+def identity() -> Identity:
+    """The broker's identity component with the sample config's defaults."""
+    return Identity(IdentityConfig())
 
 
 def sweep(clouds: FederationClouds, timeout: float = 120.0) -> list[str]:
@@ -80,7 +66,7 @@ def sweep(clouds: FederationClouds, timeout: float = 120.0) -> list[str]:
                 admin.compute.delete_flavor(flavor.id, ignore_missing=True)
                 gone.append(f"{cloud} flavor {flavor.name}")
         for project in admin.identity.projects():
-            if project.name.startswith(f"osb-{RUN}"):
+            if f"osb-{RUN}" in project.name:
                 admin.identity.delete_project(project.id, ignore_missing=True)
                 gone.append(f"{cloud} project {project.name}")
     return gone

@@ -19,7 +19,7 @@ from scoperouter.broker.services.base import Done
 from scoperouter.broker.services.image import METADATA_KEY, CopyStream, ImageService
 from scoperouter.broker.services.server import instance_tag
 from tests.broker.passes import MemoryOperation, after, drive, instance
-from tests.e2e.broker_services import RUN, LabProjects, broker_clouds, instance_id, sweep
+from tests.e2e.broker_services import RUN, broker_clouds, context, identity, instance_id, sweep
 
 pytestmark = pytest.mark.e2e
 
@@ -36,7 +36,12 @@ def clouds(lab, fed) -> Iterator[Any]:
 
 @pytest.fixture
 def service(clouds) -> ImageService:
-    return ImageService({"plans": [{"name": "copy"}]}, clouds, projects=LabProjects(clouds))
+    return ImageService({"plans": [{"name": "copy"}]}, clouds)
+
+
+def _op(service, kind: str, view, saved=None) -> MemoryOperation:
+    plan = service.catalog().plans[0]
+    return MemoryOperation(kind, view, plan, service.clouds, saved, identity=identity())
 
 
 class Blocks:
@@ -76,9 +81,9 @@ def test_copy_of_an_image_of_cloudtwo_into_cloudone(clouds, fed, service):
     source = _source_image(clouds, two.name, "src", 3 * 1024 * 1024 + 17,
                            os_distro="cirros", hw_disk_bus="scsi")  # fmt: skip
     iid = instance_id("copy")
-    view = instance(iid, {"image": source.name, "cloud": one.name, "name": f"osb-{RUN}-copy"})
-    plan = service.catalog().plans[0]
-    op = MemoryOperation("provision", view, plan, clouds)
+    params = {"image": source.name, "cloud": one.name, "name": f"osb-{RUN}-copy"}
+    view = instance(iid, params, context=context("img"))
+    op = _op(service, "provision", view)
     outcome = drive(service, op)
     assert isinstance(outcome, Done), outcome
     assert f"a copy of {source.name!r} ({source.id}) of {two.name}" in outcome.description
@@ -99,11 +104,11 @@ def test_copy_of_an_image_of_cloudtwo_into_cloudone(clouds, fed, service):
     assert {f.id for f in service.inventory() if f.instance_id == iid} == {copy.id}
 
     # a second provision pass (a re-run) finds the copy: no second image
-    again = drive(service, MemoryOperation("provision", view, plan, clouds, op.saved))
+    again = drive(service, _op(service, "provision", view, op.saved))
     assert isinstance(again, Done)
     assert [i.id for i in clouds.connect(one.name).image.images(tag=instance_tag(iid))] == [copy.id]
 
-    gone = drive(service, MemoryOperation("deprovision", after(view, op.saved), plan, clouds))
+    gone = drive(service, _op(service, "deprovision", after(view, op.saved)))
     assert isinstance(gone, Done) and copy.id in gone.description
     assert list(clouds.connect(one.name).image.images(tag=instance_tag(iid))) == []
     assert clouds.connect(two.name).image.get_image(source.id).status == "active"
@@ -116,17 +121,19 @@ COPY_IN_A_CHILD = textwrap.dedent(
     args = json.loads(sys.argv[2])
     from tests.broker.passes import MemoryOperation, drive, instance
     from tests.e2e import broker_services
+    from tests.e2e.broker_services import context, identity
     from scoperouter.broker.clouds import CloudAccess, FederationClouds
     from scoperouter.broker.services.image import ImageService
     broker_services.RUN = args["run"]
     clouds = FederationClouds([CloudAccess(name=n, entry=e) for n, e in args["access"]],
                               config_files=[args["clouds_yaml"]])
-    service = ImageService({"plans": [{"name": "copy"}]}, clouds,
-                           projects=broker_services.LabProjects(clouds))
+    service = ImageService({"plans": [{"name": "copy"}]}, clouds)
     for name in clouds.names():  # connections, tokens, catalogs: before measuring
         clouds.connect(name).image.get("/images?limit=1")
-    view = instance(args["instance"], {"image": args["image"], "cloud": args["to"]})
-    op = MemoryOperation("provision", view, service.catalog().plans[0], clouds)
+    view = instance(args["instance"], {"image": args["image"], "cloud": args["to"]},
+                    context=context("img"))
+    op = MemoryOperation("provision", view, service.catalog().plans[0], clouds,
+                         identity=identity())
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with open("/proc/self/status") as status:
         rss = [int(l.split()[1]) for l in status if l.startswith("VmRSS:")][0]
@@ -177,9 +184,9 @@ def test_a_copy_killed_mid_upload_is_finished_by_the_next_pass(clouds, fed, serv
     one, two, _ = fed
     source = _source_image(clouds, two.name, "crash", 8 * 1024 * 1024)
     iid = instance_id("crash")
-    view = instance(iid, {"image": source.id, "cloud": one.name, "source_cloud": two.name})
-    plan = service.catalog().plans[0]
-    op = MemoryOperation("provision", view, plan, clouds)
+    params = {"image": source.id, "cloud": one.name, "source_cloud": two.name}
+    view = instance(iid, params, context=context("img"))
+    op = _op(service, "provision", view)
     real_read = CopyStream.read
 
     def dies_after_a_mebibyte(self: CopyStream, size: int = -1) -> bytes:
@@ -194,9 +201,9 @@ def test_a_copy_killed_mid_upload_is_finished_by_the_next_pass(clouds, fed, serv
     target = clouds.connect(one.name)
     (half,) = target.image.images(tag=instance_tag(iid))
     assert half.status != "active"
-    outcome = drive(service, MemoryOperation("provision", view, plan, clouds, op.saved))
+    outcome = drive(service, _op(service, "provision", view, op.saved))
     assert isinstance(outcome, Done), outcome
     (copy,) = target.image.images(tag=instance_tag(iid))  # one copy, whole
     assert copy.status == "active" and copy.checksum == source.checksum
-    drive(service, MemoryOperation("deprovision", after(view, op.saved), plan, clouds))
+    drive(service, _op(service, "deprovision", after(view, op.saved)))
     assert list(target.image.images(tag=instance_tag(iid))) == []

@@ -9,10 +9,18 @@ from typing import Any
 
 import pytest
 
+from scoperouter.broker.identity import space_of
 from scoperouter.broker.services.base import Done
 from scoperouter.broker.services.server import METADATA_KEY, ServerService, instance_tag
 from tests.broker.passes import MemoryOperation, after, drive, instance
-from tests.e2e.broker_services import RUN, LabProjects, broker_clouds, instance_id, sweep
+from tests.e2e.broker_services import (
+    RUN,
+    broker_clouds,
+    context,
+    identity,
+    instance_id,
+    sweep,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -27,31 +35,23 @@ def clouds(lab, fed) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def projects(clouds) -> LabProjects:
-    return LabProjects(clouds)
+def service(clouds) -> ServerService:
+    return ServerService(SETTINGS, clouds)
 
 
-@pytest.fixture(scope="module")
-def service(clouds, projects) -> ServerService:
-    return ServerService(SETTINGS, clouds, projects=projects)
+def _op(service, kind: str, view, saved=None) -> MemoryOperation:
+    plan = service.catalog().plans[0]
+    return MemoryOperation(kind, view, plan, service.clouds, saved, identity=identity())
 
 
 def _provision(service, clouds, label: str, space: str = "main", **params: Any):
-    view = instance(
-        instance_id(label),
-        params,
-        context={"platform": "cloudfoundry", "organization_guid": "o", "space_guid": space},
-    )
-    op = MemoryOperation("provision", view, service.catalog().plans[0], clouds)
+    view = instance(instance_id(label), params, context=context(space))
+    op = _op(service, "provision", view)
     return view, op, drive(service, op, timeout=300)
 
 
 def _deprovision(service, clouds, view, op) -> None:
-    gone = drive(
-        service,
-        MemoryOperation("deprovision", after(view, op.saved), service.catalog().plans[0], clouds),
-        timeout=300,
-    )
+    gone = drive(service, _op(service, "deprovision", after(view, op.saved)), timeout=300)
     assert isinstance(gone, Done), gone
     for cloud in clouds.names():
         tagged = clouds.connect(cloud).compute.servers(
@@ -82,7 +82,7 @@ def test_server_in_cloudone_from_an_image_of_cloudtwo(clouds, fed, service):
     _deprovision(service, clouds, view, op)
 
 
-def test_most_free_chooses_the_emptier_cloud_and_a_refusal_moves_on(clouds, fed, service, projects):
+def test_most_free_chooses_the_emptier_cloud_and_a_refusal_moves_on(clouds, fed, service):
     one, two, _ = fed
     # make CloudTwo the fuller cloud: one server taking 60 % of its free memory and disk (and
     # VCPUs up to placement's max_unit for one allocation: the fake hypervisor's 1000)
@@ -114,10 +114,9 @@ def test_most_free_chooses_the_emptier_cloud_and_a_refusal_moves_on(clouds, fed,
     _deprovision(service, clouds, view, op)
 
     # a quota of 0 instances on the space's project in CloudOne: refused there, goes to CloudTwo
-    quota_view = instance(instance_id("quota"), {}, context={"space_guid": "quota"})
-    probe = MemoryOperation("provision", quota_view, service.catalog().plans[0], clouds)
-    project_id = projects.ensure(probe, one.name)
-    clouds.connect(one.name).set_compute_quotas(project_id, instances=0)
+    admin1 = clouds.connect(one.name)
+    project_id = identity().space_project(admin1, space_of(context("quota")))
+    admin1.set_compute_quotas(project_id, instances=0)
     view, op, outcome = _provision(service, clouds, "quota", space="quota", image="tiny")
     assert isinstance(outcome, Done), outcome
     assert op.saved.cloud == two.name

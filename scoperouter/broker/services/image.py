@@ -30,8 +30,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from openstack.image.v2.image import Image
 
+from scoperouter.broker import credentials
 from scoperouter.broker.services.base import (
     CatalogEntry,
+    Clouds,
     Done,
     Failed,
     Found,
@@ -44,16 +46,16 @@ from scoperouter.broker.services.base import (
     Schemas,
     Service,
 )
+from scoperouter.broker.services.project import DRAFT4, stable_id
 from scoperouter.broker.services.server import (
     DEFAULT_BROKER_TAG,
-    DRAFT4,
-    Projects,
+    bind_credentials,
     catalog_plans,
-    default_id,
     error_text,
     find_image,
     instance_tag,
     short,
+    space_project,
 )
 
 if TYPE_CHECKING:
@@ -120,16 +122,13 @@ class ImageService(Service):
 
     name: ClassVar[str] = "openstack-image"
 
-    def __init__(
-        self, settings: Mapping[str, Any], clouds: Any, *, projects: Projects | None = None
-    ) -> None:
+    def __init__(self, settings: Mapping[str, Any], clouds: Clouds) -> None:
         super().__init__(settings, clouds)
         self.broker_tag = str(settings.get("tag", DEFAULT_BROKER_TAG))
         self.chunk_bytes = int(settings.get("chunk_bytes", CHUNK_BYTES))
-        self._projects = projects
         schemas = Schemas(instance_create=self.parameters_schema())
         self._catalog = CatalogEntry(
-            id=str(settings.get("id") or default_id(self.name)),
+            id=str(settings.get("id") or stable_id(self.name)),
             name=self.name,
             description=str(
                 settings.get("description")
@@ -182,7 +181,7 @@ class ImageService(Service):
     def provision(self, op: OperationContext) -> Outcome:
         if op.cancelled:
             return Failed("stopped: a deprovision request arrived; it removes what was built")
-        params = op.instance.parameters
+        params = op.parameters
         target = str(params["cloud"])
         if "source" not in op.progress:
             found = self._locate(target, str(params["image"]), params.get("source_cloud"))
@@ -190,7 +189,7 @@ class ImageService(Service):
                 return found
             op.save(source=found)
         source = op.progress["source"]
-        project_id = self._ensure_project(op, target)
+        project_id = space_project(op, target)
         conn = self.clouds.connect(target, project_id=project_id)
         copy = self._find_copy(conn, op.instance.id)
         if copy is not None and copy.status not in ("active", "queued"):
@@ -258,7 +257,7 @@ class ImageService(Service):
         tags = sorted({*source["tags"], self.broker_tag, instance_tag(op.instance.id)})
         return {
             **source["properties"],
-            "name": str(op.instance.parameters.get("name") or source["name"] or source["id"]),
+            "name": str(op.parameters.get("name") or source["name"] or source["id"]),
             "disk_format": source["disk_format"],
             "container_format": source["container_format"],
             "min_disk": source["min_disk"],
@@ -310,11 +309,6 @@ class ImageService(Service):
                 )
         return None
 
-    def _ensure_project(self, op: OperationContext, cloud: str) -> str:
-        if self._projects is None:
-            raise RuntimeError("no identity component is wired into openstack-image")
-        return self._projects.ensure(op, cloud)
-
     def _find_copy(self, conn: Connection, instance_id: str) -> Any | None:
         found = list(conn.image.images(tag=instance_tag(instance_id)))
         return found[0] if found else None
@@ -338,6 +332,18 @@ class ImageService(Service):
         if deleted:
             return Done("deleted image " + ", ".join(deleted))
         return Done("no image of this instance is left in any cloud")
+
+    def bind(self, op: OperationContext) -> Outcome:
+        """An application credential on the copy's project; the credentials also say the
+        image's id and cloud."""
+        res = op.instance.resources
+        if not res.get("image_id"):
+            return Failed("the instance has no image to bind to")
+        extra = {"image_id": res["image_id"], "source_cloud": res.get("source_cloud")}
+        return bind_credentials(op, self.settings, extra)
+
+    def unbind(self, op: OperationContext) -> Outcome:
+        return credentials.revoke(op)
 
     def inventory(self) -> Iterable[Found]:
         for cloud in self.clouds.names():

@@ -34,14 +34,15 @@ import base64
 import hashlib
 import json
 import re
-import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from scoperouter.broker import placement
+from scoperouter.broker import credentials, placement
+from scoperouter.broker.identity import INSTANCE_TAG_PREFIX, space_of
 from scoperouter.broker.services.base import (
     CatalogEntry,
+    Clouds,
     Done,
     Failed,
     Found,
@@ -54,36 +55,31 @@ from scoperouter.broker.services.base import (
     Schemas,
     Service,
 )
+from scoperouter.broker.services.project import DRAFT4, stable_id
 from scoperouter.scope import Cloud, Scope
 
 if TYPE_CHECKING:
     from openstack.connection import Connection
 
-DRAFT4 = "http://json-schema.org/draft-04/schema#"
 METADATA_KEY = "osb_instance_id"
 DEFAULT_BROKER_TAG = "osb"
 # nova: user_data is base64 of at most 65535 bytes -> 49149 bytes of text
 MAX_USER_DATA_BYTES = 49149
 TRANSIENT_RETRIES = 3  # transient errors (5xx, network) tolerated per candidate before moving on
 POLL_SECONDS = 2.0
-_TAG_SAFE = re.compile(r"[A-Za-z0-9._:-]{1,55}\Z")
+_TAG_SAFE = re.compile(r"[A-Za-z0-9._:-]{1,47}\Z")  # 13 + 47 = nova's 60
 
 
 # ------------------------------------------------------------- shared by the services
 
 
 def instance_tag(instance_id: str) -> str:
-    """The tag that marks a resource as an instance's: ``osb-<id>`` when the id fits a nova or
-    glance tag (<= 60 characters, no ``/`` or ``,``), else ``osb-<sha256 prefix>``."""
+    """The nova/glance tag of what an instance owns: ``osb-instance-<id>`` as on keystone
+    projects (identity.py) when it fits a nova tag (<= 60 characters, no ``/`` or ``,``), else
+    ``osb-instance-<sha256 prefix>``."""
     if _TAG_SAFE.match(instance_id):
-        return f"osb-{instance_id}"
-    return "osb-" + hashlib.sha256(instance_id.encode()).hexdigest()[:40]
-
-
-def default_id(*names: str) -> str:
-    """A stable id for a service or plan that the config does not give one (platforms key
-    instances by these ids, so they must not change between broker restarts)."""
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, "scoperouter:" + "/".join(names)))
+        return f"{INSTANCE_TAG_PREFIX}{instance_id}"
+    return INSTANCE_TAG_PREFIX + hashlib.sha256(instance_id.encode()).hexdigest()[:40]
 
 
 def catalog_plans(
@@ -111,7 +107,7 @@ def catalog_plans(
                 raise ValueError(f"{service}: plans[{index}] ({plan['name']}): {key} is required")
         plans.append(
             PlanEntry(
-                id=str(plan.get("id") or default_id(service, str(plan["name"]))),
+                id=str(plan.get("id") or stable_id(service, str(plan["name"]))),
                 name=str(plan["name"]),
                 description=str(plan.get("description") or plan["name"]),
                 free=bool(plan.get("free", True)),
@@ -168,12 +164,47 @@ def find_image(conn: Connection, ref: str) -> Any | None:
     return image
 
 
-class Projects(Protocol):
-    """Where an instance's resources live in a cloud: the keystone project the broker manages
-    for the instance's platform space (the core's identity.py), created on first use; the
-    broker's account has a role on it, so ``clouds.connect(cloud, project_id=...)`` works."""
+def space_project(op: OperationContext, cloud: str) -> str:
+    """The keystone project of the instance's platform space in `cloud` (identity.py: created
+    on first use, the broker's user holding the binding roles there), with the identity
+    table's grants to the platform user applied. Remembered in the operation's progress, so
+    later passes do not ask keystone again."""
+    known = dict(op.progress.get("projects") or {})
+    if cloud in known:
+        return str(known[cloud])
+    conn = op.clouds.connect(cloud)
+    project_id = op.identity.space_project(conn, space_of(op.context))
+    granted = op.identity.grant_mapped(conn, cloud, project_id, op.originating_identity)
+    if granted:
+        op.log.info("granted %s on project %s in %s", ", ".join(granted), project_id, cloud)
+    op.save(projects={**known, cloud: project_id})
+    return project_id
 
-    def ensure(self, op: OperationContext, cloud: str) -> str: ...
+
+def bind_credentials(
+    op: OperationContext, settings: Mapping[str, Any], extra: Mapping[str, Any]
+) -> Outcome:
+    """A bind of an instance living in one project of one cloud: an application credential on
+    that project (credentials.py), the clouds.yaml entry carrying the instance's routing scope
+    (so the application sees what the instance was built with), plus `extra` facts."""
+    cloud = op.instance.cloud
+    project_id = op.instance.resources.get("project_id")
+    if not cloud or not project_id:
+        return Failed("the instance has nothing to bind to (it was not provisioned)")
+    if op.cancelled:
+        return Failed("stopped: an unbind request arrived")
+    policy = credentials.CredentialPolicy.from_settings(
+        {**settings, **op.plan.settings}, op.identity.config.binding_roles
+    )
+    scope_text = op.instance.resources.get("scope")
+    return credentials.issue(
+        op,
+        cloud=cloud,
+        project_id=str(project_id),
+        policy=policy,
+        scope=json.loads(scope_text) if scope_text else None,
+        extra=extra,
+    )
 
 
 # ------------------------------------------------------------------------ the service
@@ -214,13 +245,7 @@ class ServerService(Service):
 
     name: ClassVar[str] = "openstack-server"
 
-    def __init__(
-        self,
-        settings: Mapping[str, Any],
-        clouds: Any,
-        *,
-        projects: Projects | None = None,
-    ) -> None:
+    def __init__(self, settings: Mapping[str, Any], clouds: Clouds) -> None:
         super().__init__(settings, clouds)
         self.broker_tag = str(settings.get("tag", DEFAULT_BROKER_TAG))
         self.networks = settings.get("networks", "auto")
@@ -229,7 +254,6 @@ class ServerService(Service):
                 f"{self.name}: networks: expected auto, none or a list of nova network "
                 f"objects, got {self.networks!r}"
             )
-        self._projects = projects
         self._catalog = self._build_catalog()
 
     # ------------------------------------------------------------------------- catalog
@@ -237,7 +261,7 @@ class ServerService(Service):
     def _build_catalog(self) -> CatalogEntry:
         schemas = Schemas(instance_create=self.parameters_schema())
         return CatalogEntry(
-            id=str(self.settings.get("id") or default_id(self.name)),
+            id=str(self.settings.get("id") or stable_id(self.name)),
             name=self.name,
             description=str(
                 self.settings.get("description")
@@ -325,9 +349,9 @@ class ServerService(Service):
     def _choose(self, op: OperationContext) -> tuple[list[dict[str, Any]], str] | Failed:
         """Rank the clouds and resolve flavor and image for each candidate."""
         names = self.clouds.names()
-        strategy = placement.parse_where(op.instance.parameters.get("where"), names)
+        strategy = placement.parse_where(op.parameters.get("where"), names)
         flavor_name = str(op.plan.settings["flavor"])
-        image_ref = str(op.instance.parameters["image"])
+        image_ref = str(op.parameters["image"])
         if isinstance(strategy, placement.Explicit | placement.Scoped):
             considered: Sequence[str] = (strategy.cloud,)
         else:
@@ -421,7 +445,7 @@ class ServerService(Service):
             self._delete_quietly(target.cloud, pending["server_id"], pending.get("project_id"))
             return self._refused(op, target, pending["reason"])
         try:
-            project_id = self._ensure_project(op, target.cloud)
+            project_id = space_project(op, target.cloud)
             conn = self.clouds.connect(target.cloud, project_id=project_id, scope=target.scope)
             server = self._find(conn, op.instance.id)
             if server is None:
@@ -450,7 +474,7 @@ class ServerService(Service):
         )
 
     def _server_body(self, op: OperationContext, target: Target) -> dict[str, Any]:
-        params = op.instance.parameters
+        params = op.parameters
         body: dict[str, Any] = {
             "name": f"osb-{op.instance.id}"[:255],
             "flavor_id": target.flavor_id,
@@ -517,11 +541,6 @@ class ServerService(Service):
             return ""
         return f", image {target.image_id} from {target.image_cloud} through the routers"
 
-    def _ensure_project(self, op: OperationContext, cloud: str) -> str:
-        if self._projects is None:
-            raise RuntimeError("no identity component is wired into openstack-server")
-        return self._projects.ensure(op, cloud)
-
     # -------------------------------------------------------------------- deprovision
 
     def deprovision(self, op: OperationContext) -> Outcome:
@@ -541,6 +560,28 @@ class ServerService(Service):
         if left:
             return Pending("deleting server " + ", ".join(left), POLL_SECONDS)
         return Done("no server of this instance is left in any cloud")
+
+    # -------------------------------------------------------------------------- bind
+
+    def bind(self, op: OperationContext) -> Outcome:
+        """An application credential on the server's project; the credentials also say the
+        server's cloud, id, name and addresses (read now: they may have changed)."""
+        res = op.instance.resources
+        if not op.instance.cloud or not res.get("server_id"):
+            return Failed("the instance has no server to bind to")
+        conn = op.clouds.connect(op.instance.cloud, project_id=res.get("project_id"))
+        server = conn.compute.get_server(res["server_id"])
+        extra = {
+            "server_id": server.id,
+            "server_name": server.name,
+            "addresses": dict(server.addresses or {}),
+            "image_id": res.get("image_id"),
+            "image_cloud": res.get("image_cloud"),
+        }
+        return bind_credentials(op, self.settings, extra)
+
+    def unbind(self, op: OperationContext) -> Outcome:
+        return credentials.revoke(op)
 
     # ---------------------------------------------------------------------- inventory
 
