@@ -497,3 +497,28 @@ def test_instance_tags_fit_nova():
     long_tag = instance_tag("x" * 80)
     assert long_tag.startswith("osb-instance-") and len(long_tag) <= 60
     assert instance_tag("a/b,c") != instance_tag("a/b,d") and "/" not in instance_tag("a/b,c")
+
+
+def test_the_sample_config_sections_build_catalogs_with_valid_schemas():
+    from pathlib import Path
+
+    from scoperouter.broker.config import load_config
+    from scoperouter.broker.runtime import compile_schema, make_clouds, service_classes
+
+    config = load_config(Path(__file__).resolve().parents[2] / "config" / "broker.yaml")
+    classes = service_classes()  # the entry points of setup.cfg
+    clouds = make_clouds(config)  # reads no file and calls no cloud until used
+    for name in ("openstack-server", "openstack-image"):
+        service = classes[name](config.services[name].service_settings(), clouds)
+        entry = service.catalog()
+        assert entry.name == name and entry.plans
+        for plan in entry.plans:
+            assert plan.schemas.instance_create is not None
+            validator = compile_schema(plan.schemas.instance_create, name)
+            assert not validator.is_valid({})  # image is required
+    server = classes["openstack-server"](config.services["openstack-server"].service_settings(),
+                                         clouds)  # fmt: skip
+    validator = compile_schema(server.catalog().plans[0].schemas.instance_create or {}, "s")
+    assert validator.is_valid({"image": "tiny", "where": {"strategy": "spread"}})
+    assert not validator.is_valid({"image": "tiny", "where": {"cloud": "Elsewhere"}})
+    assert not validator.is_valid({"image": "tiny", "where": {"cloud": "CloudOne", "scope": {}}})
