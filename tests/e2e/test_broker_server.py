@@ -1,30 +1,26 @@
-"""openstack-server against the lab, pass by pass: a server in CloudOne from CloudTwo's image
-(through the routers), ``most-free`` choosing the emptier cloud, a refusal (quota) making the
-broker use the next cloud, and deprovision leaving nothing behind."""
+"""openstack-server against the lab, through the broker's OSB API (a real `broker serve`
+process, driven by the project's OSB client as Cloud Foundry would): a server in CloudOne from
+CloudTwo's image with its whole lifecycle (bind, the binding's clouds.yaml with the `openstack`
+CLI, unbind, deprovision), ``most-free`` choosing the emptier cloud, and a refusal (a quota of
+0 instances) making the broker use the next cloud and say why."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from scoperouter.broker.identity import space_of
-from scoperouter.broker.services.base import Done
-from scoperouter.broker.services.server import METADATA_KEY, ServerService, instance_tag
-from tests.broker.passes import MemoryOperation, after, drive, instance
-from tests.e2e.broker_services import (
-    RUN,
-    broker_clouds,
-    context,
-    identity,
-    instance_id,
-    sweep,
-)
+from scoperouter.broker.services.server import METADATA_KEY, instance_tag
+from tests.e2e.broker_services import RUN, OSBBroker, broker_clouds, context, identity, sweep
 
 pytestmark = pytest.mark.e2e
 
-SETTINGS = {"networks": "none", "plans": [{"name": "tiny", "flavor": "m1.tiny"}]}
+SERVER = "openstack-server"
 
 
 @pytest.fixture(scope="module")
@@ -35,96 +31,125 @@ def clouds(lab, fed) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def service(clouds) -> ServerService:
-    return ServerService(SETTINGS, clouds)
+def env(lab, clouds, tmp_path_factory) -> Iterator[OSBBroker]:
+    broker = OSBBroker(lab, Path(tmp_path_factory.mktemp("osb-server")))
+    yield broker
+    broker.stop()
 
 
-def _op(service, kind: str, view, saved=None) -> MemoryOperation:
-    plan = service.catalog().plans[0]
-    return MemoryOperation(kind, view, plan, service.clouds, saved, identity=identity())
+def _tagged(clouds, iid: str) -> dict[str, list[str]]:
+    return {
+        cloud: [
+            s.id
+            for s in clouds.connect(cloud).compute.servers(
+                all_projects=True, tags=instance_tag(iid)
+            )
+        ]
+        for cloud in clouds.names()
+    }
 
 
-def _provision(service, clouds, label: str, space: str = "main", **params: Any):
-    view = instance(instance_id(label), params, context=context(space))
-    op = _op(service, "provision", view)
-    return view, op, drive(service, op, timeout=300)
-
-
-def _deprovision(service, clouds, view, op) -> None:
-    gone = drive(service, _op(service, "deprovision", after(view, op.saved)), timeout=300)
-    assert isinstance(gone, Done), gone
-    for cloud in clouds.names():
-        tagged = clouds.connect(cloud).compute.servers(
-            all_projects=True, tags=instance_tag(view.id)
-        )
-        assert list(tagged) == [], cloud
-
-
-def test_server_in_cloudone_from_an_image_of_cloudtwo(clouds, fed, service):
+def test_server_in_cloudone_from_cloudtwos_image_full_lifecycle(env, clouds, fed):
     one, two, tiny = fed
-    view, op, outcome = _provision(
-        service, clouds, "x", image=tiny[two.name], where={"cloud": one.name}
+    params = {"image": tiny[two.name], "where": {"cloud": one.name}}
+    iid, last = env.provision(SERVER, "x", params)
+    assert last.body["state"] == "succeeded", last.body
+    got = env.osb.get_instance(iid)
+    assert got.status == 200, got.body
+    attributes = got.body["metadata"]["attributes"]
+    server_id = attributes["server_id"]
+    assert attributes["cloud"] == one.name and attributes["image_cloud"] == two.name
+    assert attributes["scope"] == f'{{"image":"{two.name}"}}'
+    assert last.body["description"] == (
+        f"server {server_id} is ACTIVE in {one.name}, image {tiny[two.name]} from {two.name} "
+        "through the routers"
     )
-    assert isinstance(outcome, Done), outcome
-    res = op.saved.resources
-    assert op.saved.cloud == one.name
-    assert res["scope"] == f'{{"image":"{two.name}"}}' and res["image_cloud"] == two.name
-    assert outcome.description == (
-        f"server {res['server_id']} is ACTIVE in {one.name}, image {tiny[two.name]} from "
-        f"{two.name} through the routers"
-    )
-    admin = clouds.connect(one.name)
-    server = admin.compute.get_server(res["server_id"])
-    assert server.status == "ACTIVE" and server.project_id == res["project_id"]
-    assert server.image.id == tiny[two.name]  # CloudTwo's image, booted in CloudOne
-    assert server.metadata[METADATA_KEY] == view.id
-    assert {"osb", instance_tag(view.id)} <= set(server.tags)
-    _deprovision(service, clouds, view, op)
+    server = clouds.connect(one.name).compute.get_server(server_id)
+    assert server.status == "ACTIVE" and server.image.id == tiny[two.name]
+    assert server.project_id == attributes["project_id"]
+    assert server.metadata[METADATA_KEY] == iid and instance_tag(iid) in server.tags
+    space = identity().space_project(clouds.connect(one.name), space_of(context("osb")))
+    assert server.project_id == space  # the platform space's project in CloudOne
+
+    binding, creds = env.bind(SERVER, iid)
+    assert creds["server_id"] == server_id and creds["cloud"] == one.name
+    assert creds["router_url"] == f"http://{one.front_ip}:5000/v3"
+    entry = yaml.safe_load(creds["clouds_yaml"])["clouds"][creds["os_cloud"]]
+    assert entry["auth_type"] == "v3applicationcredential"
+    assert entry["scope"] == {"image": two.name}  # what the server was built with
+    # the binding's credential with the openstack CLI: the server, and through the scope the
+    # image it was booted from, which lives in CloudTwo
+    shown = env.openstack(creds["clouds_yaml"], "server", "show", server_id)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["status"] == "ACTIVE"
+    image = env.openstack(creds["clouds_yaml"], "image", "show", tiny[two.name])
+    assert image.returncode == 0, image.stderr
+    assert json.loads(image.stdout)["id"] == tiny[two.name]
+
+    env.unbind(SERVER, iid, binding)
+    refused = env.openstack(creds["clouds_yaml"], "server", "show", server_id)
+    assert refused.returncode != 0  # the credential was revoked
+
+    env.deprovision(SERVER, iid)
+    assert _tagged(clouds, iid) == {one.name: [], two.name: []}
 
 
-def test_most_free_chooses_the_emptier_cloud_and_a_refusal_moves_on(clouds, fed, service):
-    one, two, _ = fed
-    # make CloudTwo the fuller cloud: one server taking 60 % of its free memory and disk (and
-    # VCPUs up to placement's max_unit for one allocation: the fake hypervisor's 1000)
-    free = clouds.capacity(two.name).free
-    admin2 = clouds.connect(two.name)
-    flavor = admin2.compute.create_flavor(
+def test_most_free_chooses_the_emptier_cloud_and_a_refusal_moves_on(env, clouds, fed):
+    one, two, tiny = fed
+    filler = _fill(clouds, two.name, tiny[two.name])
+    try:
+        fuller, emptier = clouds.capacity(two.name), clouds.capacity(one.name)
+        assert fuller.free["MEMORY_MB"] < 0.5 * emptier.free["MEMORY_MB"]
+
+        # most-free (the default): CloudOne, with its own `tiny` (no scope needed)
+        iid, last = env.provision(SERVER, "free", {"image": "tiny"})
+        assert last.body["state"] == "succeeded", last.body
+        assert last.body["description"].startswith("server ") and (
+            last.body["description"].endswith(f"is ACTIVE in {one.name}")
+        )
+        attributes = env.osb.get_instance(iid).body["metadata"]["attributes"]
+        assert attributes["cloud"] == one.name and attributes["scope"] is None
+        env.deprovision(SERVER, iid)
+
+        # a quota of 0 instances on the space's project in CloudOne: refused, CloudTwo takes it
+        admin = clouds.connect(one.name)
+        project_id = identity().space_project(admin, space_of(context("osb")))
+        admin.set_compute_quotas(project_id, instances=0)
+        try:
+            iid, last = env.provision(SERVER, "quota", {"image": "tiny"})
+        finally:
+            admin.set_compute_quotas(project_id, instances=10)
+        assert last.body["state"] == "succeeded", last.body
+        assert (
+            f"is ACTIVE in {two.name}; {one.name} refused it: 403: Quota exceeded for "
+            in (last.body["description"])
+        )
+        assert _tagged(clouds, iid)[one.name] == []
+        env.deprovision(SERVER, iid)
+    finally:
+        admin2 = clouds.connect(two.name)
+        admin2.compute.delete_server(filler.id)
+        admin2.compute.wait_for_delete(filler, wait=300)
+
+
+def _fill(clouds, cloud: str, image_id: str) -> Any:
+    """Make `cloud` the fuller one: a server taking 60 % of its free memory and disk (and VCPUs
+    up to placement's max_unit for one allocation, the fake hypervisor's 1000)."""
+    free = clouds.capacity(cloud).free
+    admin = clouds.connect(cloud)
+    flavor = admin.compute.create_flavor(
         name=f"osb-{RUN}-big",
         vcpus=int(min(free["VCPU"] * 0.6, 1000)),
         ram=int(free["MEMORY_MB"] * 0.6),
         disk=int(free["DISK_GB"] * 0.6),
     )
-    filler_project = admin2.identity.create_project(name=f"osb-{RUN}-filler", domain_id="default")
-    member = admin2.identity.find_role("member", ignore_missing=False)
-    admin2.identity.assign_project_role_to_user(filler_project, admin2.current_user_id, member)
-    admin2.set_compute_quotas(filler_project.id, instances=-1, cores=-1, ram=-1)
-    filler = clouds.connect(two.name, project_id=filler_project.id).compute.create_server(
-        name=f"osb-{RUN}-filler", flavor_id=flavor.id, image_id=fed[2][two.name],
-        networks="none",
-    )  # fmt: skip
-    filler = admin2.compute.wait_for_server(filler, wait=300)
-    assert filler.status == "ACTIVE"
-    fuller, emptier = clouds.capacity(two.name), clouds.capacity(one.name)
-    assert fuller.free["MEMORY_MB"] < 0.5 * emptier.free["MEMORY_MB"]
-
-    # most-free: CloudOne (local image: no scope)
-    view, op, outcome = _provision(service, clouds, "free", image="tiny")
-    assert isinstance(outcome, Done), outcome
-    assert op.saved.cloud == one.name and op.saved.resources["scope"] is None
-    _deprovision(service, clouds, view, op)
-
-    # a quota of 0 instances on the space's project in CloudOne: refused there, goes to CloudTwo
-    admin1 = clouds.connect(one.name)
-    project_id = identity().space_project(admin1, space_of(context("quota")))
-    admin1.set_compute_quotas(project_id, instances=0)
-    view, op, outcome = _provision(service, clouds, "quota", space="quota", image="tiny")
-    assert isinstance(outcome, Done), outcome
-    assert op.saved.cloud == two.name
-    assert f"is ACTIVE in {two.name}; {one.name} refused it: 403: Quota exceeded for instances" in (
-        outcome.description
+    project = admin.identity.create_project(name=f"osb-{RUN}-filler", domain_id="default")
+    member = admin.identity.find_role("member", ignore_missing=False)
+    admin.identity.assign_project_role_to_user(project, admin.current_user_id, member)
+    admin.set_compute_quotas(project.id, instances=-1, cores=-1, ram=-1)
+    server = clouds.connect(cloud, project_id=project.id).compute.create_server(
+        name=f"osb-{RUN}-filler", flavor_id=flavor.id, image_id=image_id, networks="none"
     )
-    assert list(clouds.connect(one.name).compute.servers(
-        all_projects=True, tags=instance_tag(view.id))) == []  # fmt: skip
-    _deprovision(service, clouds, view, op)
-    admin2.compute.delete_server(filler.id)
-    admin2.compute.wait_for_delete(filler, wait=300)
+    server = admin.compute.wait_for_server(server, wait=300)
+    assert server.status == "ACTIVE"
+    return server

@@ -54,6 +54,7 @@ from scoperouter.broker.services.server import (
     error_text,
     find_image,
     instance_tag,
+    revoke_instance_credentials,
     short,
     space_project,
 )
@@ -329,9 +330,11 @@ class ImageService(Service):
                 problems.append(f"{cloud}: {error_text(exc)}")
         if problems:
             return Pending("cannot check every cloud yet: " + "; ".join(problems), 5.0)
-        if deleted:
-            return Done("deleted image " + ", ".join(deleted))
-        return Done("no image of this instance is left in any cloud")
+        text = ("deleted image " + ", ".join(deleted)) if deleted else (
+            "no image of this instance is left in any cloud"
+        )  # fmt: skip
+        revoked = revoke_instance_credentials(op)
+        return Done(f"{text}; {revoked} binding credential(s) revoked" if revoked else text)
 
     def bind(self, op: OperationContext) -> Outcome:
         """An application credential on the copy's project; the credentials also say the
