@@ -131,6 +131,8 @@ class FakeCompute:
         return server
 
     def get_server(self, server_id: str) -> Obj:
+        if server_id not in self.cloud.servers:
+            raise exceptions.NotFoundException(f"no server {server_id}")
         server = self.cloud.servers[server_id]
         polls = self.cloud.polls[server_id] = self.cloud.polls.get(server_id, 0) + 1
         if server.status == "BUILD" and polls > self.cloud.build_polls:
@@ -278,7 +280,8 @@ def test_most_free_places_in_the_freer_cloud_with_tags_and_polls_to_active():
     passes: list[Any] = []
     outcome = drive(service, op, max_sleep=0, passes=passes)
     assert isinstance(outcome, Done), outcome
-    assert isinstance(passes[0], Pending) and "BUILD in CloudTwo" in passes[0].description
+    assert passes[0] == Pending(f"creating server {op.saved.progress['server_id']} in CloudTwo")
+    assert isinstance(passes[1], Pending) and "BUILD in CloudTwo" in passes[1].description
     (body,) = clouds.clouds["CloudTwo"].creates
     assert body["tags"] == ["osb", "osb-instance-i-1"] and body["metadata"] == {METADATA_KEY: "i-1"}
     assert body["flavor_id"] == "CloudTwo-tiny" and body["image_id"] == "CloudTwo-img"

@@ -478,15 +478,21 @@ class ServerService(Service):
         try:
             project_id = space_project(op, target.cloud)
             conn = self.clouds.connect(target.cloud, project_id=project_id, scope=target.scope)
-            server = self._find(conn, op.instance.id)
+            # the id saved by an earlier pass, else a look-up by tag (a pass that died between
+            # the create and its save), else a new server
+            known = op.progress.get("server_id")
+            server = _get_server(conn, known) if known else None
+            if server is None:
+                server = self._find(conn, op.instance.id)
+                if server is not None:
+                    op.save(server_id=server.id, project_id=project_id)
             if server is None:
                 if op.cancelled:
                     return Failed("stopped: a deprovision request arrived")
                 server = conn.compute.create_server(**self._server_body(op, target))
                 op.log.info("created server %s in %s", server.id, target.cloud)
                 op.save(server_id=server.id, project_id=project_id)
-            else:
-                server = conn.compute.get_server(server.id)
+                return Pending(f"creating server {server.id} in {target.cloud}", POLL_SECONDS)
         except Exception as exc:
             reason = refusal(exc)
             if reason is None:
@@ -645,6 +651,15 @@ class ServerService(Service):
     def _delete_quietly(self, cloud: str, server_id: str, project_id: str | None) -> None:
         conn = self.clouds.connect(cloud, project_id=project_id)
         conn.compute.delete_server(server_id, ignore_missing=True)
+
+
+def _get_server(conn: Connection, server_id: str) -> Any | None:
+    from openstack import exceptions
+
+    try:
+        return conn.compute.get_server(server_id)
+    except exceptions.NotFoundException:
+        return None
 
 
 def _cloud_of(scope: Scope, service_type: str, default: str) -> str:
