@@ -102,7 +102,9 @@ def space_of(
     """The space of a request: from `context` (OSB profile: Cloud Foundry org/space GUIDs,
     Kubernetes cluster id + namespace; other platforms: their ``instance_name``-free context
     keys), else the deprecated top-level organization/space GUIDs; else one shared space."""
-    context = context or {}
+    context = dict(context or {})
+    if "clusterId" in context and "clusterid" not in context:  # Crossplane provider-osb's
+        context["clusterid"] = context["clusterId"]
     platform = str(context.get("platform") or ("cloudfoundry" if space_guid else "unknown"))
     keys = _SPACE_KEYS.get(platform)
     if keys is not None and all(context.get(k) for k in keys):

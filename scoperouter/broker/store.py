@@ -22,6 +22,7 @@ clocks (NTP), as leases are compared across processes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import secrets
@@ -40,6 +41,7 @@ from sqlalchemy import (
     String,
     Text,
     and_,
+    bindparam,
     create_engine,
     delete,
     event,
@@ -195,9 +197,11 @@ def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
 
-def make_engine(url: str, *, immediate: bool = False, pool_size: int = 10) -> Engine:
-    """An engine for `url`. On SQLite, `immediate` makes every transaction take the write lock
-    at BEGIN (for writers), and connections use WAL and a busy timeout."""
+def make_engine(url: str, *, immediate: bool | None = False, pool_size: int = 10) -> Engine:
+    """An engine for `url`. On SQLite, connections use WAL and a busy timeout, and
+    `immediate` says how transactions begin: True ``BEGIN IMMEDIATE`` (writers: the write lock
+    up front), False ``BEGIN``, None no BEGIN at all (autocommit: each statement reads its own
+    consistent snapshot, the cheapest for the polling path's one-statement reads)."""
     if is_sqlite(url):
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
@@ -212,9 +216,11 @@ def make_engine(url: str, *, immediate: bool = False, pool_size: int = 10) -> En
             cursor.execute("PRAGMA busy_timeout=30000")
             cursor.close()
 
-        @event.listens_for(engine, "begin")
-        def _on_begin(connection: Any) -> None:
-            connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+        if immediate is not None:
+
+            @event.listens_for(engine, "begin")
+            def _on_begin(connection: Any) -> None:
+                connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
         return engine
     return create_engine(url, pool_size=pool_size, max_overflow=20, pool_pre_ping=True)
@@ -229,6 +235,8 @@ class Store:
         self.sqlite = is_sqlite(url)
         self.engine = make_engine(url, immediate=True)
         self._read_engine = make_engine(url) if self.sqlite else self.engine
+        # the polling path's one-statement reads (status): no transaction at all on SQLite
+        self._poll_engine = make_engine(url, immediate=None) if self.sqlite else self.engine
         self._write = sessionmaker(self.engine, expire_on_commit=False)
         self._read = sessionmaker(self._read_engine, expire_on_commit=False)
 
@@ -236,6 +244,7 @@ class Store:
         self.engine.dispose()
         if self._read_engine is not self.engine:
             self._read_engine.dispose()
+            self._poll_engine.dispose()
 
     @contextlib.contextmanager
     def write(self) -> Iterator[Session]:
@@ -275,6 +284,39 @@ class Store:
         else:
             query = query.where(Operation.binding_id == binding_id)
         return session.scalars(query.order_by(Operation.seq.desc()).limit(1)).first()
+
+    # the polling path (last_operation): one prepared Core query, no ORM session
+    @staticmethod
+    @functools.cache
+    def _status_query(by_operation: bool, of_binding: bool) -> Any:
+        query = select(
+            Operation.id,
+            Operation.kind,
+            Operation.state,
+            Operation.description,
+            Operation.not_before,
+        ).where(Operation.instance_id == bindparam("instance_id"))
+        if by_operation:
+            query = query.where(Operation.id == bindparam("operation_id"))
+        if of_binding:
+            query = query.where(Operation.binding_id == bindparam("binding_id"))
+        else:  # instance operations are the ones without a binding
+            query = query.where(Operation.binding_id.is_(None))
+        return query.order_by(Operation.seq.desc()).limit(1)
+
+    def status(
+        self, instance_id: str, binding_id: str | None, operation_id: str | None
+    ) -> Any | None:
+        """The row last_operation answers from: the named operation if it belongs to this
+        instance (binding), else the latest one of the instance (binding); None if none."""
+        query = self._status_query(bool(operation_id), binding_id is not None)
+        params = {"instance_id": instance_id}
+        if operation_id:
+            params["operation_id"] = operation_id
+        if binding_id is not None:
+            params["binding_id"] = binding_id
+        with self._poll_engine.connect() as connection:
+            return connection.execute(query, params).first()
 
     @staticmethod
     def operations(session: Session, instance_id: str) -> Sequence[Operation]:

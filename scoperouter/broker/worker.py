@@ -16,6 +16,7 @@ newer operation owns now.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -23,7 +24,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from scoperouter.broker import logs
@@ -236,8 +237,6 @@ class WorkerContext(OperationContext):
 
 
 def _replace(view: Any, **changes: Any) -> Any:
-    import dataclasses
-
     return dataclasses.replace(view, **changes)
 
 
@@ -421,8 +420,6 @@ def _naive(value: Any) -> datetime | None:
     if isinstance(value, str):
         value = datetime.fromisoformat(value.replace("Z", "+00:00"))
     if isinstance(value, datetime) and value.tzinfo is not None:
-        from datetime import UTC
-
         value = value.astimezone(UTC).replace(tzinfo=None)
     return value if isinstance(value, datetime) else None
 

@@ -117,8 +117,8 @@ class Harness:
         self.client.auth = ("broker", PASSWORD)
         self.client.headers.update(HEADERS)
 
-    def drain(self) -> int:
-        return self.worker.drain()
+    def drain(self, wait: float = 5.0) -> int:
+        return self.worker.drain(wait=wait)
 
     def provision(
         self, instance_id: str, parameters: dict[str, Any] | None = None, **kw: Any

@@ -176,6 +176,15 @@ class FakeService(Service):
         for path in sorted(self.root.glob("instance-*")):
             ident = path.name[len("instance-") :]
             yield Found(cloud="FakeCloud", kind="fake", id=f"fake-{ident}", instance_id=ident)
+        for path in sorted(self.root.glob("binding-*")):
+            ident = path.name[len("binding-") :]
+            yield Found(
+                cloud="FakeCloud",
+                kind="credential",
+                id=f"cred-{ident}",
+                instance_id=None,
+                binding_id=ident,
+            )
 
     def _log(self, what: str, ident: str) -> None:
         with (self.root / "journal").open("a") as f:

@@ -9,6 +9,7 @@ of every pass with its process and times), so what was built is checked directly
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -195,7 +196,7 @@ def test_two_replicas_never_run_one_operation_twice(db_url: str, tmp_path: Path)
             passes = [line.split() for line in journal if line.startswith(f"pass {name} ")]
             assert sorted(p[2] for p in passes) == ["0", "1", "2"], passes  # each step once
             spans = sorted((float(p[4]), float(p[5])) for p in passes)
-            for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+            for (_, end), (start, _) in itertools.pairwise(spans):
                 assert end <= start, f"two passes of {name} overlapped: {passes}"
             pids |= {p[3] for p in passes}
         assert len(pids) == 2, "both replicas should have worked"
