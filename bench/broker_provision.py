@@ -32,8 +32,9 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import httpx
 import yaml
 
 from bench.procs import free_port
@@ -49,6 +50,7 @@ RUN = uuid.uuid4().hex[:8]
 PREFIX = f"osb-bench-{RUN}"
 CLOUDS = (("CloudOne", "cloudone-admin"), ("CloudTwo", "cloudtwo-admin"))
 POLL = 2.0
+T = TypeVar("T")
 
 
 def say(message: str) -> None:
@@ -167,15 +169,17 @@ def broker(lab: LabPaths, workdir: Path, n: int, threads: int) -> dict[str, Any]
         ids = [f"{PREFIX}-osb-{i}" for i in range(n)]
 
         def one(i: int) -> tuple[str, str, float]:
-            answer = osb.provision(ids[i], service_id, plan_id,
-                                   {"image": "tiny", "where": {"strategy": "spread"}})  # fmt: skip
-            if answer.status != 202:
+            params = {"image": "tiny", "where": {"strategy": "spread"}}
+            answer = _retrying(lambda: osb.provision(ids[i], service_id, plan_id, params))
+            if answer.status not in (200, 202):
                 raise RuntimeError(f"provision {ids[i]}: {answer.status} {answer.body}")
-            last = osb.wait(ids[i], answer.operation, timeout=900, max_interval=POLL)
+            last = _retrying(
+                lambda: osb.wait(ids[i], answer.operation, timeout=900, max_interval=POLL)
+            )
             done = time.monotonic()
             if last.body.get("state") != "succeeded":
                 raise RuntimeError(f"{ids[i]}: {last.body}")
-            got = osb.get_instance(ids[i]).body["metadata"]["attributes"]
+            got = _retrying(lambda: osb.get_instance(ids[i])).body["metadata"]["attributes"]
             return str(got["cloud"]), str(last.body["description"]), done
 
         start = time.monotonic()
@@ -185,8 +189,10 @@ def broker(lab: LabPaths, workdir: Path, n: int, threads: int) -> dict[str, Any]
         refused = [d for _, d, _ in results if "refused it" in d]
 
         def gone(i: int) -> None:
-            answer = osb.deprovision(ids[i], service_id, plan_id)
-            last = osb.wait(ids[i], answer.operation, timeout=900, max_interval=POLL)
+            answer = _retrying(lambda: osb.deprovision(ids[i], service_id, plan_id))
+            last = _retrying(
+                lambda: osb.wait(ids[i], answer.operation, timeout=900, max_interval=POLL)
+            )
             if last.status != 410:
                 raise RuntimeError(f"deprovision {ids[i]}: {last.status} {last.body}")
 
@@ -223,6 +229,21 @@ def _wait_started(osb: OSBClient, proc: subprocess.Popen[bytes], log: Path) -> N
 # ---------------------------------------------------------------------------- helpers
 
 
+def _retrying(call: Callable[[], T], attempts: int = 5) -> T:
+    """`call`, again after a transport error: a keep-alive connection the server closes just as
+    a client reuses it is reset (uvicorn closes idle ones after 5 s); platforms retry too, and
+    OSB requests are idempotent."""
+    for attempt in range(attempts):
+        try:
+            return call()
+        except httpx.TransportError as exc:
+            if attempt == attempts - 1:
+                raise
+            say(f"retrying after {type(exc).__name__}: {exc}")
+            time.sleep(1)
+    raise AssertionError("unreachable")
+
+
 def _parallel(fn: Callable[[int], Any], n: int) -> list[Any]:
     with ThreadPoolExecutor(max_workers=n) as pool:
         return list(pool.map(fn, range(n)))
@@ -234,7 +255,7 @@ def _completions(results: list[tuple[str, Any, float]], start: float) -> dict[st
 
 
 def sweep(clouds: FederationClouds) -> None:
-    """Delete whatever this run left (servers, then its projects), by name."""
+    """Delete whatever this run left: servers by name, then the space's projects by tag."""
     for cloud in clouds.names():
         admin = clouds.connect(cloud)
         left = [s for s in admin.compute.servers(all_projects=True) if PREFIX in (s.name or "")]
@@ -242,9 +263,8 @@ def sweep(clouds: FederationClouds) -> None:
             admin.compute.delete_server(server.id, ignore_missing=True)
         for server in left:
             admin.compute.wait_for_delete(server, wait=600)
-        for project in keystone(admin).projects():
-            if PREFIX in project.name:
-                keystone(admin).delete_project(project.id, ignore_missing=True)
+        for project in keystone(admin).projects(tags=space_of(context()).tag):
+            keystone(admin).delete_project(project.id, ignore_missing=True)
 
 
 def main(argv: list[str] | None = None) -> int:
