@@ -185,13 +185,15 @@ class ImageService(Service):
         params = op.parameters
         target = str(params["cloud"])
         if "source" not in op.progress:
-            found = self._locate(target, str(params["image"]), params.get("source_cloud"))
+            found = self._locate(
+                op.clouds, target, str(params["image"]), params.get("source_cloud")
+            )
             if isinstance(found, Failed):
                 return found
             op.save(source=found)
         source = op.progress["source"]
         project_id = space_project(op, target)
-        conn = self.clouds.connect(target, project_id=project_id)
+        conn = op.clouds.connect(target, project_id=project_id)
         copy = self._find_copy(conn, op.instance.id)
         if copy is not None and copy.status not in ("active", "queued"):
             # a dead pass's half-done upload: start again
@@ -230,13 +232,15 @@ class ImageService(Service):
             "verified"
         )
 
-    def _locate(self, target: str, ref: str, source_cloud: Any) -> dict[str, Any] | Failed:
+    def _locate(
+        self, clouds: Clouds, target: str, ref: str, source_cloud: Any
+    ) -> dict[str, Any] | Failed:
         """The source image's facts, looked up through the target's router with a scope."""
-        names = self.clouds.names()
+        names = clouds.names()
         search = [source_cloud] if source_cloud else [c for c in names if c != target]
         problems = []
         for cloud in search:
-            conn = self._source_conn(target, cloud)
+            conn = _source_conn(clouds, target, cloud)
             try:
                 image = find_image(conn, ref)
             except ValueError as exc:
@@ -249,10 +253,6 @@ class ImageService(Service):
                 return _facts(cloud, conn.image.get(f"/images/{image.id}").json())
         detail = f" ({'; '.join(problems)})" if problems else ""
         return Failed(f"no active image {ref!r} in {', '.join(search)}{detail}")
-
-    def _source_conn(self, target: str, source_cloud: str) -> Connection:
-        scope = json.dumps({"image": source_cloud}, separators=(",", ":"))
-        return self.clouds.connect(target, scope=scope)
 
     def _record(self, op: OperationContext, source: Mapping[str, Any]) -> dict[str, Any]:
         tags = sorted({*source["tags"], self.broker_tag, instance_tag(op.instance.id)})
@@ -279,7 +279,7 @@ class ImageService(Service):
         copy_id: str,
     ) -> Failed | None:
         """Read the source through the routers and upload it as one stream."""
-        download = self._source_conn(target, source["cloud"]).image.get(
+        download = _source_conn(op.clouds, target, source["cloud"]).image.get(
             f"/images/{source['id']}/file", stream=True
         )
         try:
@@ -320,9 +320,9 @@ class ImageService(Service):
         tag = instance_tag(op.instance.id)
         deleted: list[str] = []
         problems: list[str] = []
-        for cloud in self.clouds.names():
+        for cloud in op.clouds.names():
             try:
-                conn = self.clouds.connect(cloud)
+                conn = op.clouds.connect(cloud)
                 for image in self._tagged(conn, tag):
                     conn.image.delete_image(image.id, ignore_missing=True)
                     deleted.append(f"{image.id} in {cloud}")
@@ -364,6 +364,12 @@ class ImageService(Service):
         """Images carrying `tag` in every project the broker's account sees (glance lists
         every project's images to an admin)."""
         yield from conn.image.images(tag=tag)
+
+
+def _source_conn(clouds: Clouds, target: str, source_cloud: str) -> Connection:
+    """Image calls enter at the target's router and go to the source's glance (the scope)."""
+    scope = json.dumps({"image": source_cloud}, separators=(",", ":"))
+    return clouds.connect(target, scope=scope)
 
 
 def _facts(cloud: str, raw: Mapping[str, Any]) -> dict[str, Any]:

@@ -379,7 +379,7 @@ class ServerService(Service):
 
     def _choose(self, op: OperationContext) -> tuple[list[dict[str, Any]], str] | Failed:
         """Rank the clouds and resolve flavor and image for each candidate."""
-        names = self.clouds.names()
+        names = op.clouds.names()
         strategy = placement.parse_where(op.parameters.get("where"), names)
         flavor_name = str(op.plan.settings["flavor"])
         image_ref = str(op.parameters["image"])
@@ -392,8 +392,8 @@ class ServerService(Service):
         flavors: dict[str, str] = {}
         for cloud in considered:
             try:
-                capacity = self.clouds.capacity(cloud)
-                flavor = self.clouds.connect(cloud).compute.find_flavor(
+                capacity = op.clouds.capacity(cloud)
+                flavor = op.clouds.connect(cloud).compute.find_flavor(
                     flavor_name, ignore_missing=True
                 )
             except Exception as exc:
@@ -411,13 +411,17 @@ class ServerService(Service):
                 ephemeral_gb=flavor.ephemeral or 0,
                 swap_mb=int(flavor.swap or 0),
             )
-        placed = self._placed(snapshots) if isinstance(strategy, placement.Spread) else {}
+        placed = (
+            self._placed(op.clouds, snapshots) if isinstance(strategy, placement.Spread) else {}
+        )
         ranking = placement.rank(snapshots, strategy, demands, placed)
         excluded = [f"{u.cloud}: {u.reason}" for u in ranking.excluded]
         targets = []
         for candidate in ranking.candidates:
             try:
-                target = self._resolve_image(candidate, image_ref, flavors[candidate.cloud])
+                target = self._resolve_image(
+                    op.clouds, candidate, image_ref, flavors[candidate.cloud]
+                )
             except LookupError as exc:
                 excluded.append(f"{candidate.cloud}: {exc}")
                 continue
@@ -428,7 +432,7 @@ class ServerService(Service):
         op.log.info("candidates for %s: %s", op.instance.id, ", ".join(t["cloud"] for t in targets))
         return targets, why
 
-    def _placed(self, snapshots: dict[str, placement.Snapshot]) -> dict[str, int]:
+    def _placed(self, clouds: Clouds, snapshots: dict[str, placement.Snapshot]) -> dict[str, int]:
         """Servers of this broker in each cloud (``spread``); a cloud where they cannot be
         counted is marked unavailable."""
         placed: dict[str, int] = {}
@@ -436,13 +440,15 @@ class ServerService(Service):
             if isinstance(snapshot, placement.Unavailable):
                 continue
             try:
-                placed[cloud] = sum(1 for _ in self._tagged(cloud, self.broker_tag))
+                placed[cloud] = sum(1 for _ in _tagged(clouds, cloud, self.broker_tag))
             except Exception as exc:
                 reason = f"cannot count its servers: {error_text(exc)}"
                 snapshots[cloud] = placement.Unavailable(cloud, reason)
         return placed
 
-    def _resolve_image(self, candidate: placement.Candidate, ref: str, flavor_id: str) -> Target:
+    def _resolve_image(
+        self, clouds: Clouds, candidate: placement.Candidate, ref: str, flavor_id: str
+    ) -> Target:
         """Find the image as nova in `candidate.cloud` will: through its router, with the scope
         that sends image calls to the cloud holding it (the candidate's own first)."""
         cloud = candidate.cloud
@@ -450,12 +456,12 @@ class ServerService(Service):
             image_cloud = _cloud_of(candidate.scope, "image", cloud)
             search: list[tuple[str, str | None]] = [(image_cloud, candidate.scope.to_json())]
         else:
-            others = [c for c in self.clouds.names() if c != cloud]
+            others = [c for c in clouds.names() if c != cloud]
             search = [(cloud, None)] + [(c, _scope_json(image=c)) for c in others]
         problems = []
         for image_cloud, scope in search:
             try:
-                image = find_image(self.clouds.connect(cloud, scope=scope), ref)
+                image = find_image(clouds.connect(cloud, scope=scope), ref)
             except ValueError as exc:
                 problems.append(f"{image_cloud}: {exc}")
                 continue
@@ -473,11 +479,11 @@ class ServerService(Service):
         refusal is saved and the attempt counter moved on)."""
         pending = op.progress.get("refusing")
         if pending:  # a refused server whose delete a dead pass may not have sent
-            self._delete_quietly(target.cloud, pending["server_id"], pending.get("project_id"))
+            _delete(op.clouds, target.cloud, pending["server_id"], pending.get("project_id"))
             return self._refused(op, target, pending["reason"])
         try:
             project_id = space_project(op, target.cloud)
-            conn = self.clouds.connect(target.cloud, project_id=project_id, scope=target.scope)
+            conn = op.clouds.connect(target.cloud, project_id=project_id, scope=target.scope)
             # the id saved by an earlier pass, else a look-up by tag (a pass that died between
             # the create and its save), else a new server
             known = op.progress.get("server_id")
@@ -503,7 +509,7 @@ class ServerService(Service):
         if server.status == "ERROR":
             fault = (server.fault or {}).get("message") or "the server went to ERROR"
             op.save(refusing={"server_id": server.id, "project_id": project_id, "reason": fault})
-            self._delete_quietly(target.cloud, server.id, project_id)
+            _delete(op.clouds, target.cloud, server.id, project_id)
             return self._refused(op, target, short(fault))
         return Pending(
             f"server {server.id} is {server.status} in {target.cloud}{self._image_note(target)}",
@@ -584,12 +590,12 @@ class ServerService(Service):
         tag = instance_tag(op.instance.id)
         left: list[str] = []
         problems: list[str] = []
-        for cloud in self.clouds.names():
+        for cloud in op.clouds.names():
             try:
-                for server in self._tagged(cloud, tag):
+                for server in _tagged(op.clouds, cloud, tag):
                     left.append(f"{server.id} in {cloud} ({server.status})")
                     if (server.task_state or "") != "deleting":
-                        self._delete_quietly(cloud, server.id, None)
+                        _delete(op.clouds, cloud, server.id, None)
             except Exception as exc:
                 problems.append(f"{cloud}: {error_text(exc)}")
         if problems:
@@ -626,7 +632,7 @@ class ServerService(Service):
 
     def inventory(self) -> Iterable[Found]:
         for cloud in self.clouds.names():
-            for server in self._tagged(cloud, self.broker_tag):
+            for server in _tagged(self.clouds, cloud, self.broker_tag):
                 yield Found(
                     cloud=cloud,
                     kind="server",
@@ -644,13 +650,15 @@ class ServerService(Service):
         found.sort(key=lambda s: s.created_at or "")
         return found[0] if found else None
 
-    def _tagged(self, cloud: str, tag: str) -> Iterator[Any]:
-        """Servers carrying `tag` in every project of `cloud` (the broker account's view)."""
-        yield from self.clouds.connect(cloud).compute.servers(all_projects=True, tags=tag)
 
-    def _delete_quietly(self, cloud: str, server_id: str, project_id: str | None) -> None:
-        conn = self.clouds.connect(cloud, project_id=project_id)
-        conn.compute.delete_server(server_id, ignore_missing=True)
+def _tagged(clouds: Clouds, cloud: str, tag: str) -> Iterator[Any]:
+    """Servers carrying `tag` in every project of `cloud` (the broker account's view)."""
+    yield from clouds.connect(cloud).compute.servers(all_projects=True, tags=tag)
+
+
+def _delete(clouds: Clouds, cloud: str, server_id: str, project_id: str | None) -> None:
+    conn = clouds.connect(cloud, project_id=project_id)
+    conn.compute.delete_server(server_id, ignore_missing=True)
 
 
 def _get_server(conn: Connection, server_id: str) -> Any | None:
