@@ -43,17 +43,17 @@ from scoperouter.broker.services.base import (
     Outcome,
     Pending,
     PlanEntry,
-    Schemas,
     Service,
 )
-from scoperouter.broker.services.project import DRAFT4, stable_id
+from scoperouter.broker.services.project import DRAFT4
 from scoperouter.broker.services.server import (
     DEFAULT_BROKER_TAG,
+    IMAGE_REF,
     bind_credentials,
-    catalog_plans,
     error_text,
     find_image,
     instance_tag,
+    offering,
     revoke_instance_credentials,
     short,
     space_project,
@@ -127,18 +127,13 @@ class ImageService(Service):
         super().__init__(settings, clouds)
         self.broker_tag = str(settings.get("tag", DEFAULT_BROKER_TAG))
         self.chunk_bytes = int(settings.get("chunk_bytes", CHUNK_BYTES))
-        schemas = Schemas(instance_create=self.parameters_schema())
-        self._catalog = CatalogEntry(
-            id=str(settings.get("id") or stable_id(self.name)),
-            name=self.name,
-            description=str(
-                settings.get("description")
-                or "A copy of an image of one cloud of the federation in another"
-            ),
-            plans=catalog_plans(self.name, settings, schemas),
-            bindable=True,
+        self._catalog = offering(
+            self.name,
+            settings,
+            self.parameters_schema(),
+            description="A copy of an image of one cloud of the federation in another",
+            display_name="OpenStack image copy (federation)",
             tags=("openstack", "image", "glance"),
-            metadata={"displayName": "OpenStack image copy (federation)"},
         )
 
     # ------------------------------------------------------------------------- catalog
@@ -154,12 +149,7 @@ class ImageService(Service):
             "additionalProperties": False,
             "required": ["image", "cloud"],
             "properties": {
-                "image": {
-                    "type": "string",
-                    "minLength": 1,
-                    "maxLength": 255,
-                    "description": "name or id of the image to copy",
-                },
+                "image": {**IMAGE_REF, "description": "name or id of the image to copy"},
                 "cloud": {"type": "string", "enum": clouds, "description": "where the copy goes"},
                 "source_cloud": {
                     "type": "string",

@@ -52,6 +52,7 @@ from scoperouter.broker.services.base import (
     Failed,
     Found,
     InvalidParameters,
+    JSONSchema,
     OperationContext,
     OperationKind,
     Outcome,
@@ -124,6 +125,33 @@ def catalog_plans(
             )
         )
     return tuple(plans)
+
+
+def offering(
+    service: str,
+    settings: Mapping[str, Any],
+    instance_schema: JSONSchema,
+    *,
+    description: str,
+    display_name: str,
+    tags: tuple[str, ...],
+    required: Sequence[str] = (),
+) -> CatalogEntry:
+    """A bindable service's catalog entry from its config section: the id and description the
+    config gives (else stable ones), its plans (:func:`catalog_plans`), one create schema."""
+    schemas = Schemas(instance_create=instance_schema)
+    return CatalogEntry(
+        id=str(settings.get("id") or stable_id(service)),
+        name=service,
+        description=str(settings.get("description") or description),
+        plans=catalog_plans(service, settings, schemas, required=required),
+        bindable=True,
+        tags=tags,
+        metadata={"displayName": display_name},
+    )
+
+
+IMAGE_REF: JSONSchema = {"type": "string", "minLength": 1, "maxLength": 255}
 
 
 def refusal(exc: BaseException) -> str | None:
@@ -285,25 +313,18 @@ class ServerService(Service):
                 f"{self.name}: networks: expected auto, none or a list of nova network "
                 f"objects, got {self.networks!r}"
             )
-        self._catalog = self._build_catalog()
+        self._catalog = offering(
+            self.name,
+            settings,
+            self.parameters_schema(),
+            description="An OpenStack server in the cloud of the federation that fits best, "
+            "booted from an image of any of its clouds",
+            display_name="OpenStack server (federation)",
+            tags=("openstack", "compute", "server"),
+            required=("flavor",),
+        )
 
     # ------------------------------------------------------------------------- catalog
-
-    def _build_catalog(self) -> CatalogEntry:
-        schemas = Schemas(instance_create=self.parameters_schema())
-        return CatalogEntry(
-            id=str(self.settings.get("id") or stable_id(self.name)),
-            name=self.name,
-            description=str(
-                self.settings.get("description")
-                or "An OpenStack server in the cloud of the federation that fits best, "
-                "booted from an image of any of its clouds"
-            ),
-            plans=catalog_plans(self.name, self.settings, schemas, required=("flavor",)),
-            bindable=True,
-            tags=("openstack", "compute", "server"),
-            metadata={"displayName": "OpenStack server (federation)"},
-        )
 
     def catalog(self) -> CatalogEntry:
         return self._catalog
@@ -316,12 +337,7 @@ class ServerService(Service):
             "additionalProperties": False,
             "required": ["image"],
             "properties": {
-                "image": {
-                    "type": "string",
-                    "minLength": 1,
-                    "maxLength": 255,
-                    "description": "image name or id, in any cloud of the federation",
-                },
+                "image": {**IMAGE_REF, "description": "name or id, in any cloud of the federation"},
                 "where": {
                     "type": "object",
                     "description": "where the server goes: one of cloud, scope, strategy "
