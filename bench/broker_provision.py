@@ -44,7 +44,6 @@ from scoperouter.broker.config import IdentityConfig
 from scoperouter.broker.identity import Identity, keystone, space_of
 from scoperouter.broker.osbclient import OSBClient
 from scoperouter.broker.secrets import generate_key
-from scoperouter.lab.layout import LabPaths, default_dir
 
 RUN = uuid.uuid4().hex[:8]
 PREFIX = f"osb-bench-{RUN}"
@@ -57,6 +56,11 @@ def say(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
+def lab_clouds_yaml() -> Path:
+    root = os.environ.get("SCOPEROUTER_LAB_DIR") or "~/.local/share/scoperouter/lab"
+    return Path(root).expanduser() / "clouds.yaml"
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.broker_provision",
@@ -66,7 +70,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--servers", type=int, default=20, help="servers per path (N)")
     parser.add_argument("--threads", type=int, default=4, help="the broker's worker threads")
-    parser.add_argument("--lab", type=Path, default=None, help="lab dir (default: the lab's)")
+    parser.add_argument(
+        "--clouds-yaml",
+        type=Path,
+        default=lab_clouds_yaml(),
+        help="the lab's clouds.yaml ($SCOPEROUTER_LAB_DIR/clouds.yaml)",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="rounds (direct, then broker)")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     return parser.parse_args(argv)
@@ -133,12 +142,12 @@ def direct(clouds: FederationClouds, projects: dict[str, str], n: int) -> dict[s
 # ----------------------------------------------------------------------------- broker
 
 
-def broker(lab: LabPaths, workdir: Path, n: int, threads: int) -> dict[str, Any]:
+def broker(clouds_yaml: Path, workdir: Path, n: int, threads: int) -> dict[str, Any]:
     port = free_port("127.0.0.1")
     config = {
         "listen": f"127.0.0.1:{port}",
         "database": {"url": f"sqlite:///{workdir / 'broker.db'}"},
-        "clouds_yaml": [str(lab.clouds_yaml)],
+        "clouds_yaml": [str(clouds_yaml)],
         "clouds": {name: {"entry": entry} for name, entry in CLOUDS},
         "worker": {"threads": threads, "poll_seconds": 0.2},
         "log_level": "WARNING",
@@ -269,12 +278,11 @@ def sweep(clouds: FederationClouds) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    lab = LabPaths(args.lab or default_dir())
-    if not lab.clouds_yaml.exists():
-        say(f"no lab at {lab.root}: run `scoperouter lab up` first")
+    if not args.clouds_yaml.exists():
+        say(f"no {args.clouds_yaml}: run `scoperouter lab up` first")
         return 2
     clouds = FederationClouds(
-        [CloudAccess(name=n, entry=e) for n, e in CLOUDS], config_files=[lab.clouds_yaml]
+        [CloudAccess(name=n, entry=e) for n, e in CLOUDS], config_files=[args.clouds_yaml]
     )
     rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="osb-bench-") as tmp:
@@ -287,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                 say(f"round {r + 1}: broker, {args.servers} concurrent OSB provisions (spread)")
                 workdir = Path(tmp) / f"round-{r + 1}"
                 workdir.mkdir()
-                b = broker(lab, workdir, args.servers, args.threads)
+                b = broker(args.clouds_yaml, workdir, args.servers, args.threads)
                 rounds.append({"direct": d, "broker": b, "load_before": load})
         finally:
             sweep(clouds)

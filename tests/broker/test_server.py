@@ -357,26 +357,32 @@ def test_every_cloud_refusing_fails_with_each_reason():
     assert all(not c.servers for c in clouds.clouds.values())
 
 
-def test_clouds_that_cannot_take_it_are_not_tried_and_are_named():
-    clouds = federation(
-        CloudOne={"unreadable": True}, CloudTwo={"flavors": {}}
-    )  # fmt: skip
+def test_clouds_that_cannot_take_it_fail_the_provision_with_each_reason():
+    clouds = federation(CloudOne={"free": 0.0, "images": {}}, CloudTwo={"images": {}})
     service = make(clouds)
-    outcome = drive(service, provision_op(service, "i-7"), max_sleep=0)
-    assert outcome == Failed(
-        "no cloud can take the server: CloudOne: capacity of CloudOne unreadable: 503; "
-        "CloudTwo: no flavor 'm1.tiny'"
-    )
-    too_small = federation(CloudOne={"free": 0.0}, CloudTwo={"images": {}})
-    clouds2 = FakeClouds(*too_small.clouds.values())
-    clouds2.clouds["CloudOne"].images = {}
-    service = make(clouds2)
     outcome = drive(service, provision_op(service, "i-8"), max_sleep=0)
-    assert isinstance(outcome, Failed)
-    assert "CloudOne: too small: 0 VCPU free, 1 needed" in outcome.description
-    assert "CloudTwo: no active image 'tiny' visible from it (looked in CloudTwo, CloudOne)" in (
-        outcome.description
+    assert outcome == Failed(
+        "no cloud can take the server: CloudOne: too small: 0 VCPU free, 1 needed; "
+        "CloudTwo: no active image 'tiny' visible from it (looked in CloudTwo, CloudOne)"
     )
+    clouds = federation(CloudOne={"flavors": {}}, CloudTwo={"flavors": {}})
+    outcome = drive(make(clouds), provision_op(make(clouds), "i-8b"), max_sleep=0)
+    assert isinstance(outcome, Failed) and "CloudTwo: no flavor 'm1.tiny'" in outcome.description
+
+
+def test_a_cloud_that_cannot_be_asked_makes_the_choice_wait_not_fail():
+    clouds = federation(CloudOne={"unreadable": True}, CloudTwo={"flavors": {}})
+    service = make(clouds)
+    op = provision_op(service, "i-7")
+    assert service.provision(op) == Pending(
+        "no cloud can take the server now (CloudOne: capacity of CloudOne unreadable: 503; "
+        "CloudTwo: no flavor 'm1.tiny'); asking again",
+        15.0,
+    )
+    assert "targets" not in op.progress  # nothing chosen yet: the next pass asks again
+    clouds.clouds["CloudOne"].unreadable = False  # the cloud is back
+    outcome = drive(service, op, max_sleep=0)
+    assert isinstance(outcome, Done) and "ACTIVE in CloudOne" in outcome.description
 
 
 def test_excluded_clouds_are_named_in_the_success_description():

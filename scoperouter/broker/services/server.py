@@ -73,6 +73,7 @@ DEFAULT_BROKER_TAG = "osb"
 MAX_USER_DATA_BYTES = 49149
 TRANSIENT_RETRIES = 3  # transient errors (5xx, network) tolerated per candidate before moving on
 POLL_SECONDS = 2.0
+RETRY_SECONDS = 15.0  # no cloud could be asked: ask again this much later
 _TAG_SAFE = re.compile(r"[A-Za-z0-9._:-]{1,47}\Z")  # 13 + 47 = nova's 60
 
 
@@ -269,6 +270,14 @@ def revoke_instance_credentials(op: OperationContext) -> int:
 # ------------------------------------------------------------------------ the service
 
 
+class ImageNotVisible(LookupError):
+    """No candidate copy of the image; `transient`: a lookup failed (rather than answered)."""
+
+    def __init__(self, message: str, transient: bool) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
 @dataclass(frozen=True, slots=True)
 class Target:
     """One candidate, resolved: where to enter, with which scope, which flavor and image."""
@@ -380,7 +389,7 @@ class ServerService(Service):
             return Failed("stopped: a deprovision request arrived; it removes what was built")
         if "targets" not in op.progress:
             chosen = self._choose(op)
-            if isinstance(chosen, Failed):
+            if isinstance(chosen, Failed | Pending):
                 return chosen
             op.save(targets=chosen[0], excluded=chosen[1], attempt=0, refused=[], transient=0)
         while True:
@@ -393,8 +402,10 @@ class ServerService(Service):
                 return outcome
             # the candidate refused and the next one is up: go on in this pass
 
-    def _choose(self, op: OperationContext) -> tuple[list[dict[str, Any]], str] | Failed:
-        """Rank the clouds and resolve flavor and image for each candidate."""
+    def _choose(self, op: OperationContext) -> tuple[list[dict[str, Any]], str] | Failed | Pending:
+        """Rank the clouds and resolve flavor and image for each candidate. No candidate while
+        a cloud could not be asked (an error, not an answer): Pending, to ask again (until the
+        operation's deadline), rather than failing on a cloud's bad minute."""
         names = op.clouds.names()
         strategy = placement.parse_where(op.parameters.get("where"), names)
         flavor_name = str(op.plan.settings["flavor"])
@@ -406,6 +417,7 @@ class ServerService(Service):
         snapshots: dict[str, placement.Snapshot] = {}
         demands: dict[str, placement.Demand] = {}
         flavors: dict[str, str] = {}
+        unreachable: set[str] = set()  # excluded by an error rather than by an answer
         for cloud in considered:
             try:
                 capacity = op.clouds.capacity(cloud)
@@ -414,6 +426,7 @@ class ServerService(Service):
                 )
             except Exception as exc:
                 snapshots[cloud] = placement.Unavailable(cloud, error_text(exc))
+                unreachable.add(cloud)
                 continue
             if flavor is None:
                 snapshots[cloud] = placement.Unavailable(cloud, f"no flavor {flavor_name!r}")
@@ -428,7 +441,9 @@ class ServerService(Service):
                 swap_mb=int(flavor.swap or 0),
             )
         placed = (
-            self._placed(op.clouds, snapshots) if isinstance(strategy, placement.Spread) else {}
+            self._placed(op.clouds, snapshots, unreachable)
+            if isinstance(strategy, placement.Spread)
+            else {}
         )
         ranking = placement.rank(snapshots, strategy, demands, placed)
         excluded = [f"{u.cloud}: {u.reason}" for u in ranking.excluded]
@@ -438,19 +453,25 @@ class ServerService(Service):
                 target = self._resolve_image(
                     op.clouds, candidate, image_ref, flavors[candidate.cloud]
                 )
-            except LookupError as exc:
+            except ImageNotVisible as exc:
                 excluded.append(f"{candidate.cloud}: {exc}")
+                if exc.transient:
+                    unreachable.add(candidate.cloud)
                 continue
             targets.append(target.as_progress())
         why = "; ".join(excluded)
+        if not targets and unreachable:
+            return Pending(f"no cloud can take the server now ({why}); asking again", RETRY_SECONDS)
         if not targets:
             return Failed("no cloud can take the server: " + (why or "no cloud is configured"))
         op.log.info("candidates for %s: %s", op.instance.id, ", ".join(t["cloud"] for t in targets))
         return targets, why
 
-    def _placed(self, clouds: Clouds, snapshots: dict[str, placement.Snapshot]) -> dict[str, int]:
+    def _placed(
+        self, clouds: Clouds, snapshots: dict[str, placement.Snapshot], unreachable: set[str]
+    ) -> dict[str, int]:
         """Servers of this broker in each cloud (``spread``); a cloud where they cannot be
-        counted is marked unavailable."""
+        counted is marked unavailable (and unreachable)."""
         placed: dict[str, int] = {}
         for cloud, snapshot in list(snapshots.items()):
             if isinstance(snapshot, placement.Unavailable):
@@ -460,6 +481,7 @@ class ServerService(Service):
             except Exception as exc:
                 reason = f"cannot count its servers: {error_text(exc)}"
                 snapshots[cloud] = placement.Unavailable(cloud, reason)
+                unreachable.add(cloud)
         return placed
 
     def _resolve_image(
@@ -475,6 +497,7 @@ class ServerService(Service):
             others = [c for c in clouds.names() if c != cloud]
             search = [(cloud, None)] + [(c, _scope_json(image=c)) for c in others]
         problems = []
+        failed = False
         for image_cloud, scope in search:
             try:
                 image = find_image(clouds.connect(cloud, scope=scope), ref)
@@ -483,12 +506,15 @@ class ServerService(Service):
                 continue
             except Exception as exc:
                 problems.append(f"{image_cloud}: image lookup failed: {error_text(exc)}")
+                failed = True
                 continue
             if image is not None:
                 return Target(cloud, scope, flavor_id, str(image.id), image_cloud)
         looked = ", ".join(c for c, _ in search)
         detail = f" ({'; '.join(problems)})" if problems else ""
-        raise LookupError(f"no active image {ref!r} visible from it (looked in {looked}){detail}")
+        raise ImageNotVisible(
+            f"no active image {ref!r} visible from it (looked in {looked}){detail}", failed
+        )
 
     def _attempt(self, op: OperationContext, target: Target) -> Outcome | None:
         """One step with the current candidate: an Outcome, or None when it refused (the
