@@ -264,16 +264,24 @@ def _completions(results: list[tuple[str, Any, float]], start: float) -> dict[st
 
 
 def sweep(clouds: FederationClouds) -> None:
-    """Delete whatever this run left: servers by name, then the space's projects by tag."""
+    """Delete whatever this run left: servers by name, then the space's projects by tag. A
+    cloud that cannot be reached is reported with what to delete by hand."""
     for cloud in clouds.names():
-        admin = clouds.connect(cloud)
-        left = [s for s in admin.compute.servers(all_projects=True) if PREFIX in (s.name or "")]
-        for server in left:
-            admin.compute.delete_server(server.id, ignore_missing=True)
-        for server in left:
-            admin.compute.wait_for_delete(server, wait=600)
-        for project in keystone(admin).projects(tags=space_of(context()).tag):
-            keystone(admin).delete_project(project.id, ignore_missing=True)
+        try:
+            admin = clouds.connect(cloud)
+            servers = admin.compute.servers(all_projects=True)
+            left = [s for s in servers if PREFIX in (s.name or "")]
+            for server in left:
+                admin.compute.delete_server(server.id, ignore_missing=True)
+            for server in left:
+                admin.compute.wait_for_delete(server, wait=600)
+            for project in keystone(admin).projects(tags=space_of(context()).tag):
+                keystone(admin).delete_project(project.id, ignore_missing=True)
+        except Exception as exc:
+            say(
+                f"cannot clean up {cloud} ({type(exc).__name__}: {exc}): delete its servers "
+                f"named {PREFIX}-* and projects tagged {space_of(context()).tag} by hand"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:

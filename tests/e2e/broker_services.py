@@ -176,9 +176,9 @@ class OSBBroker:
         assert answer.status == 202, answer.body
         return iid, self.osb.wait(iid, answer.operation, timeout=600)
 
-    def bind(self, service: str, iid: str) -> tuple[str, dict[str, Any]]:
+    def bind(self, service: str, iid: str, suffix: str = "b") -> tuple[str, dict[str, Any]]:
         service_id, plan_id = self.ids[service]
-        binding = f"{iid}-b"
+        binding = f"{iid}-{suffix}"
         answer = self.osb.bind(iid, binding, service_id, plan_id)
         assert answer.status == 202, answer.body
         last = self.osb.wait(iid, answer.operation, binding_id=binding, timeout=120)

@@ -134,7 +134,11 @@ def test_a_200mb_image_of_cloudtwo_copied_into_cloudone_through_the_osb_api(
         env.unbind(IMAGE, iid, binding)
         assert env.openstack(creds["clouds_yaml"], "image", "show", copy.id).returncode != 0
 
+        # a binding the platform does not unbind goes with the instance
+        _, left = env.bind(IMAGE, iid, "left")
+        assert env.openstack(left["clouds_yaml"], "image", "show", copy.id).returncode == 0
         env.deprovision(IMAGE, iid)
+        assert env.openstack(left["clouds_yaml"], "token", "issue").returncode != 0
         assert list(conn.image.images(tag=instance_tag(iid))) == []
         assert clouds.connect(two.name).image.get_image(source.id).status == "active"
     finally:

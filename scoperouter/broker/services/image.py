@@ -11,11 +11,12 @@ source glance) and uploads it into the target glance as the same stream, a chunk
 (:class:`CopyStream`), hashing it on the way. The copy must then have the source's size and
 checksums (md5 ``checksum`` and the ``os_hash_algo`` one) and those the broker computed, or
 it is deleted and the operation fails. Disk and container formats, ``min_disk``, ``min_ram``
-and the source's own properties and tags are copied; the copy is private to the instance's
-project in the target cloud and carries the tags ``<tag>`` and ``osb-<instance id>`` and the
-properties ``osb_instance_id``, ``osb_source_cloud`` and ``osb_source_image_id``.
+and the source's own properties and tags are copied; the copy is private to the platform
+space's project in the target cloud and carries the tags ``<tag>`` and
+``osb-instance-<instance id>`` and the properties ``osb_instance_id``, ``osb_source_cloud`` and
+``osb_source_image_id``.
 
-Passes (docs/broker.md): find and save the source; ensure the instance's project in the target;
+Passes (docs/broker.md): find and save the source; ensure the space's project in the target;
 find the copy by tag, else create its record (saved); upload the data unless the copy is active;
 verify. A copy a dead pass left half-uploaded (not active) is deleted and started again.
 Deprovision deletes every image carrying the instance's tag in every cloud.
