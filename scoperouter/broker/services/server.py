@@ -24,8 +24,8 @@ Every server carries the tags ``<tag>`` (the broker's, ``osb`` by default: ``spr
 them) and ``osb-instance-<instance id>`` plus the metadata ``osb_instance_id``; a pass looks the
 server up by tag before creating one, so a pass re-run after a crash never makes a second
 server, and deprovision removes whatever carries the instance's tag in every cloud (also what a
-cancelled or refused attempt left). Listing servers across projects by tag needs nova's admin policy for the
-broker's account (what it has in the lab; the sample config says so).
+cancelled or refused attempt left). Listing servers across projects by tag needs nova's admin
+policy for the broker's account (what it has in the lab; the sample config says so).
 """
 
 from __future__ import annotations
