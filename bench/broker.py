@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=100, help="concurrent pollers")
     parser.add_argument("--seconds", type=float, default=10.0, help="per measurement")
     parser.add_argument("--instances", type=int, default=100)
+    parser.add_argument("--processes", type=int, default=1, help="serve processes (one port)")
     parser.add_argument("--database", metavar="URL", help="default: a SQLite file in a temp dir")
     parser.add_argument("--no-apt", action="store_true", help="do not apt-get install wrk")
     parser.add_argument("--json", action="store_true", help="print the results as JSON too")
@@ -197,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             "listen": f"127.0.0.1:{port}",
             "database": {"url": url},
             "worker": {"threads": 0},
+            "processes": args.processes,
             "log_level": "WARNING",
             "clouds": {"CloudOne": {"entry": "unused-by-the-bench"}},
             "services": {"openstack-project": {}},
@@ -247,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
                 results[name] = result.as_dict()
                 ok = result.rps >= GOAL_RPS and result.p99_ms < GOAL_P99_MS
                 print(
-                    f"{name:15} {args.connections} pollers: {result.rps:8,.0f} req/s  "
+                    f"{name:15} {args.processes} process(es), {args.connections} pollers: "
+                    f"{result.rps:8,.0f} req/s  "
                     f"p50 {result.p50_ms:6.1f} ms  p99 {result.p99_ms:6.1f} ms  "
                     f"errors {result.error_count}  "
                     f"goal >= {GOAL_RPS:,.0f} req/s, p99 < {GOAL_P99_MS:.0f} ms: "

@@ -8,8 +8,12 @@ standalone. The operator commands read and write the database the config names; 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
+import signal
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -82,7 +86,17 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     _config_arg(serve)
     serve.add_argument("--listen", metavar="HOST:PORT", help="override the config's listen")
     serve.add_argument(
-        "--workers", type=int, metavar="N", help="worker threads (override; 0: API only)"
+        "--workers",
+        type=int,
+        metavar="N",
+        help="worker threads per process (override; 0: API only)",
+    )
+    serve.add_argument(
+        "--processes",
+        type=int,
+        metavar="N",
+        help="processes sharing the listening socket (override of `processes`; each has its own "
+        "workers: leases keep them from running one operation twice)",
     )
     serve.add_argument(
         "--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="override"
@@ -192,12 +206,7 @@ def _store(config: BrokerConfig) -> Any:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from scoperouter.broker import logs, migrate
-    from scoperouter.broker.api import create_app
-    from scoperouter.broker.runtime import Broker
-    from scoperouter.broker.worker import Worker
 
     config = _load(args)
     logs.setup_logging(args.log_level or config.log_level)
@@ -218,23 +227,69 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port = int(port_text)
     if not (host.startswith("127.") or host in ("localhost", "::1")):
         log.warning("listening on %s: not loopback; put TLS in front of the broker", host)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    processes = args.processes if args.processes is not None else config.processes
+    workers = config.worker.threads if args.workers is None else args.workers
+    if processes <= 1:
+        return _serve_process(config, password, sock, workers, host, port)
+    # One listening socket, several processes accepting on it (the GIL makes one process use
+    # one core); each builds its own engines and threads after the fork.
+    children: list[int] = []
+    for _ in range(processes):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child exits here
+            code = 1
+            try:
+                code = _serve_process(config, password, sock, workers, host, port)
+            finally:
+                os._exit(code)
+        children.append(pid)
+    sock.close()
+
+    def forward(signum: int, _frame: Any) -> None:
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    while children:
+        pid, _status = os.wait()
+        if pid in children:
+            children.remove(pid)
+    return 0
+
+
+def _serve_process(
+    config: BrokerConfig, password: str, sock: socket.socket, workers: int, host: str, port: int
+) -> int:
+    import uvicorn
+
+    from scoperouter.broker.api import create_app
+    from scoperouter.broker.runtime import Broker
+    from scoperouter.broker.worker import Worker
+
     broker = Broker(config)
     worker = Worker(broker)
-    worker.start(args.workers)
+    worker.start(workers)
     app = create_app(broker, worker=worker, password=password)
     log.info(
-        "broker serving http://%s:%d (services: %s; database %s; %d worker thread(s))",
+        "broker serving http://%s:%d (services: %s; database %s; %d worker thread(s); pid %d)",
         host,
         port,
         ", ".join(broker.services) or "none",
         broker.store.engine.url.render_as_string(hide_password=True),
-        config.worker.threads if args.workers is None else args.workers,
+        workers,
+        os.getpid(),
     )
     server = uvicorn.Server(
         uvicorn.Config(
             app,
-            host=host,
-            port=port,
             log_config=None,
             access_log=False,
             lifespan="off",
@@ -242,7 +297,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     )
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         worker.stop()
         broker.close()

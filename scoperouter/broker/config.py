@@ -136,6 +136,8 @@ class ServiceConfig(BaseModel):
 class BrokerConfig(_Strict):
     version: Literal[1] = 1
     listen: str = DEFAULT_LISTEN
+    # serve processes sharing the listening socket (one core each; each with its workers)
+    processes: int = Field(default=1, ge=1, le=64)
     # where the platform reaches the broker; only shown in logs and `broker show`
     advertised_url: str | None = None
     auth: AuthConfig = AuthConfig()

@@ -203,3 +203,26 @@ def test_two_replicas_never_run_one_operation_twice(db_url: str, tmp_path: Path)
     finally:
         for r in replicas:
             r.stop()
+
+
+def test_serve_with_two_processes_on_one_port(sqlite_url: str, tmp_path: Path) -> None:
+    import yaml
+
+    state = tmp_path / "cloud"
+    config = write_config(tmp_path / "broker.yaml", sqlite_url, state, threads=1)
+    data = yaml.safe_load(config.read_text())
+    data["processes"] = 2
+    config.write_text(yaml.safe_dump(data))
+    broker = BrokerProcess(config, tmp_path / "broker.log").start()
+    try:
+        with OSBClient(broker.url, "broker", PASSWORD) as osb:
+            ops = {f"p{i}": osb.provision(f"p{i}", S, P, {}).operation for i in range(6)}
+            for name, op in ops.items():
+                assert osb.wait(name, op, timeout=30).body["state"] == "succeeded"
+        pids = {line.split()[3] for line in fakes.journal(state) if line.startswith("pass ")}
+        log = (tmp_path / "broker.log").read_text()
+        assert log.count("broker serving http://") == 2, log[-2000:]
+        assert pids  # passes ran; in which of the two processes is up to the kernel
+    finally:
+        broker.stop()
+    assert broker.proc is not None and broker.proc.returncode is not None
