@@ -8,6 +8,7 @@ real OpenStack clouds on this machine) and ``broker`` (the Open Service Broker).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import os
@@ -135,11 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--cloud", metavar="NAME", help="also check that this cloud is defined")
     check.set_defaults(func=cmd_check_config)
 
-    try:
-        from scoperouter.lab import cli as lab_cli
-    except ImportError:  # the lab is optional at import time (e.g. a trimmed install)
-        lab_cli = None
-    if lab_cli is not None and hasattr(lab_cli, "register"):
+    if importlib.util.find_spec("scoperouter_lab") is None:
+        _lab_missing(sub)
+    else:
+        from scoperouter_lab import cli as lab_cli
+
         lab_cli.register(sub)
     try:
         from scoperouter.broker import cli as broker_cli
@@ -160,6 +161,31 @@ def _missing_broker(reason: str) -> int:
         file=sys.stderr,
     )
     return 2
+
+
+LAB_MISSING = """\
+the lab is not installed: it is its own package, scoperouter-lab (a router does not need it).
+From a checkout of scoperouter:
+
+    pip install -e ./lab
+"""
+
+
+def _lab_missing(sub: argparse._SubParsersAction) -> None:
+    """`scoperouter lab ...` without the lab package: say how to get it."""
+    lab = sub.add_parser(
+        "lab",
+        help="real OpenStack clouds on this machine (needs the scoperouter-lab package)",
+        description=LAB_MISSING,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    lab.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+    def missing(_: argparse.Namespace) -> int:
+        print(f"scoperouter lab: {LAB_MISSING}", file=sys.stderr, end="")
+        return 1
+
+    lab.set_defaults(func=missing)
 
 
 def _load(path: str, cloud: str | None = None) -> Catalog | None:

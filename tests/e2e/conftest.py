@@ -24,9 +24,8 @@ from typing import Any
 
 import pytest
 import yaml
-
-from scoperouter.lab.layout import CloudSpec, LabPaths, default_dir
-from scoperouter.lab.procs import ProcessTable
+from scoperouter_lab.layout import CloudSpec, LabPaths, default_dir
+from scoperouter_lab.procs import ProcessTable
 
 UP_TIMEOUT = 1800  # a cold first run (pip install of OpenStack) takes ~5 minutes
 
@@ -110,7 +109,7 @@ def lab() -> Iterator[Lab]:
             pytest.fail(f"SCOPEROUTER_LAB_REUSE=1 but the lab in {root} is not up", pytrace=False)
         yield _lab_info(root, paths)
         return
-    cmd = [sys.executable, "-m", "scoperouter.lab", "up", "--dir", str(root)]
+    cmd = [sys.executable, "-m", "scoperouter_lab", "up", "--dir", str(root)]
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=UP_TIMEOUT, check=False, stdin=None
     )
@@ -124,7 +123,7 @@ def lab() -> Iterator[Lab]:
     yield _lab_info(root, paths)
     if not was_up and os.environ.get("SCOPEROUTER_LAB_KEEP") != "1":
         subprocess.run(
-            [sys.executable, "-m", "scoperouter.lab", "down", "--dir", str(root)],
+            [sys.executable, "-m", "scoperouter_lab", "down", "--dir", str(root)],
             check=False,
             timeout=300,
         )
@@ -157,7 +156,7 @@ def _lab_info(root: Path, paths: LabPaths) -> Lab:
 
 def _status_ok(root: Path) -> bool:
     proc = subprocess.run(
-        [sys.executable, "-m", "scoperouter.lab", "status", "--dir", str(root)],
+        [sys.executable, "-m", "scoperouter_lab", "status", "--dir", str(root)],
         capture_output=True,
         timeout=120,
         check=False,

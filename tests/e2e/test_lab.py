@@ -15,8 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from scoperouter.lab.layout import SERVICE_PORTS
+from scoperouter_lab.layout import SERVICE_PORTS
 
 pytestmark = pytest.mark.e2e
 
@@ -196,7 +195,7 @@ def test_unknown_cloud_in_scope_is_a_clear_400(lab):
 
 
 def _lab_pids(lab) -> dict[int, str]:
-    from scoperouter.lab.procs import group_members
+    from scoperouter_lab.procs import group_members
 
     pids: dict[int, str] = {}
     for rec in lab.process_table().all():
@@ -234,7 +233,7 @@ def test_status_reports_healthy(lab):
 
     t = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "scoperouter.lab", "status", "--dir", str(lab.root)],
+        [sys.executable, "-m", "scoperouter_lab", "status", "--dir", str(lab.root)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -287,3 +286,55 @@ def test_server_in_cloudone_from_an_image_of_cloudtwo(lab):
         assert shown["server"]["image"]["id"] == image
     finally:
         _call("DELETE", f"{compute}/servers/{server_id}", scoped, None, micro)
+
+
+def test_no_lab_log_holds_a_secret(lab):
+    """Every password and key the lab generated (its state file) is absent from every log it
+    writes: setup commands, services, routers, PostgreSQL, RabbitMQ."""
+    secrets: dict[str, str] = {f"shared {k}": v for k, v in lab.state["secrets"].items()}
+    for cloud, own in lab.state["cloud_secrets"].items():
+        secrets.update({f"{cloud} {k}": v for k, v in own.items()})
+    assert len(secrets) >= 2 + 4 * len(lab.clouds)
+    logs = [p for p in lab.paths.logs.rglob("*") if p.is_file()]
+    assert any(p.name == "setup.log" for p in logs)
+    leaks = [
+        f"{path.relative_to(lab.paths.logs)}: the {what} secret"
+        for path in logs
+        for what, value in secrets.items()
+        if value and value.encode() in path.read_bytes()
+    ]
+    assert not leaks, "secrets in the lab's logs:\n" + "\n".join(leaks)
+
+
+def test_automatic_networking_gives_a_server_an_address(lab):
+    """No --nic at all: nova finds the one shared network of the network stand-in, makes and
+    binds a port, and the server shows its address (all through the router)."""
+    cloud = lab.clouds[0].slug
+    admin = lab.connect(f"{cloud}-admin")
+    name = f"e2e-auto-{uuid.uuid4().hex[:8]}"
+    server = lab.osc(
+        cloud, "server", "create", "--image", "tiny", "--flavor", "m1.tiny", name, "--wait"
+    )
+    try:
+        assert server["status"] == "ACTIVE"
+        addresses = lab.osc(cloud, "server", "show", name)["addresses"]
+        assert list(addresses) == ["private"] and addresses["private"][0].startswith("10.0.0.")
+        ports = list(admin.network.ports(device_id=server["id"]))
+        assert [(p.status, p.binding_host_id) for p in ports] == [("ACTIVE", f"{cloud}-compute")]
+    finally:
+        lab.osc(cloud, "server", "delete", "--wait", name, json_out=False)
+    assert list(admin.network.ports(device_id=server["id"])) == []  # went with the server
+
+
+def test_placement_usages_with_consumer_types(lab):
+    """GET /usages at microversion 1.38 (consumer types) answers 200: placement's query is not
+    valid SQL on PostgreSQL, so the lab's placement runs on SQLite."""
+    admin = lab.osc(f"{lab.clouds[0].slug}-admin", "token", "issue")
+    status, body = _call(
+        "GET",
+        f"http://{lab.clouds[0].front_ip}:8778/usages?project_id={admin['project_id']}",
+        admin["id"],
+        headers={"OpenStack-API-Version": "placement 1.38"},
+    )
+    assert status == 200, body
+    assert isinstance(body["usages"], dict)

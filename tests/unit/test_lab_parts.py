@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -14,17 +15,17 @@ from pathlib import Path
 
 import pytest
 import yaml
+from scoperouter_lab import files
+from scoperouter_lab.api import port_open, wait_for
+from scoperouter_lab.cli import main as lab_main
+from scoperouter_lab.infra import rabbit_password_hash
+from scoperouter_lab.layout import CloudSpec, resolve_services
+from scoperouter_lab.procs import ProcessTable, group_members
+from scoperouter_lab.templates import Secrets
 
 from scoperouter.catalog import load_catalog
-from scoperouter.lab import files
-from scoperouter.lab.api import port_open, wait_for
-from scoperouter.lab.cli import main as lab_main
-from scoperouter.lab.infra import rabbit_password_hash
-from scoperouter.lab.layout import CloudSpec, resolve_services
-from scoperouter.lab.procs import ProcessTable, group_members
-from scoperouter.lab.templates import Secrets
 
-SECRETS = Secrets(admin="a", demo="d", service="s", db="p", rabbit="r", router="x")
+SECRETS = Secrets(admin="a", demo="d", service="s", db="p", rabbit="r", router="x", alt_demo="l")
 
 
 def _rows(cloud: CloudSpec, routed: bool) -> list[dict[str, str]]:
@@ -66,8 +67,10 @@ def test_federation_config_refuses_foreign_urls():
 
 def test_clouds_yaml_entries():
     data = files.clouds_config([CloudSpec(1), CloudSpec(2)], SECRETS, routed=True)["clouds"]
-    assert set(data) == {"cloudone", "cloudone-admin", "cloudone-router", "cloudtwo",
-                         "cloudtwo-admin", "cloudtwo-router"}  # fmt: skip
+    kinds = ("", "-alt", "-admin", "-router")
+    assert set(data) == {c + k for c in ("cloudone", "cloudtwo") for k in kinds}
+    assert data["cloudone-alt"]["auth"]["username"] == "alt_demo"
+    assert data["cloudone-alt"]["auth"]["project_name"] == "alt_demo"
     assert data["cloudtwo"]["auth"]["auth_url"] == "http://127.0.0.3:5000/v3"
     assert data["cloudtwo"]["region_name"] == "CloudTwo"
     assert data["cloudone-router"]["auth"]["username"] == "scoperouter"
@@ -77,7 +80,7 @@ def test_clouds_yaml_entries():
 def test_clouds_yaml_entries_have_their_own_clouds_secrets():
     one, two = CloudSpec(1), CloudSpec(2)
     sec = {one: SECRETS, two: Secrets(admin="A2", demo="D2", service="S2", db="p", rabbit="r",
-                                      router="X2")}  # fmt: skip
+                                      router="X2", alt_demo="L2")}  # fmt: skip
     data = files.clouds_config([one, two], sec, routed=True)["clouds"]
     assert data["cloudone-admin"]["auth"]["password"] == "a"
     assert data["cloudtwo-admin"]["auth"]["password"] == "A2"
@@ -88,7 +91,7 @@ def test_clouds_yaml_entries_have_their_own_clouds_secrets():
 def test_router_clouds_yaml_names_only_the_other_clouds_router_users():
     one, two = CloudSpec(1), CloudSpec(2)
     sec = {one: SECRETS, two: Secrets(admin="A2", demo="D2", service="S2", db="p", rabbit="r",
-                                      router="X2")}  # fmt: skip
+                                      router="X2", alt_demo="L2")}  # fmt: skip
     clouds, secure = files.router_clouds_config([two], sec, routed=True)
     assert set(clouds["clouds"]) == {"cloudtwo-router"}
     auth = clouds["clouds"]["cloudtwo-router"]["auth"]
@@ -133,13 +136,21 @@ def test_help_texts(capsys):
     assert "--clouds" in out and "--purge" in out and "--services" in out
 
 
-def _get(url: str) -> tuple[int, dict]:
+def _call(method: str, url: str, body: object = None) -> tuple[int, dict]:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
     try:
-        with opener.open(url, timeout=5) as resp:
-            return resp.status, json.loads(resp.read())
+        with opener.open(req, timeout=5) as resp:
+            raw = resp.read()
+            return resp.status, json.loads(raw) if raw else {}
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read())
+
+
+def _get(url: str) -> tuple[int, dict]:
+    return _call("GET", url)
 
 
 def test_network_stand_in_and_process_table(tmp_path: Path):
@@ -148,7 +159,7 @@ def test_network_stand_in_and_process_table(tmp_path: Path):
     host, port = "127.0.0.1", _free_port()
     rec = table.start(
         "netstub",
-        [sys.executable, "-m", "scoperouter.lab.netstub", "--listen", f"{host}:{port}"],
+        [sys.executable, "-m", "scoperouter_lab.netstub", "--listen", f"{host}:{port}"],
         log=tmp_path / "logs" / "netstub.log",
         fp="x",
     )
@@ -164,17 +175,105 @@ def test_network_stand_in_and_process_table(tmp_path: Path):
         assert status == 404 and "NeutronError" in body
         status, body = _get(f"http://{host}:{port}/")
         assert body["versions"][0]["id"] == "v2.0"
-        req = urllib.request.Request(f"http://{host}:{port}/v2.0/networks", data=b"{}",
-                                     method="POST")  # fmt: skip
-        with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=5)
-        assert err.value.code == 403
+        status, body = _call("POST", f"http://{host}:{port}/v2.0/routers", {"router": {}})
+        assert status == 403 and "NeutronError" in body
         assert group_members(rec.pgid) == [rec.pid]
     finally:
         assert table.stop("netstub", timeout=10) is True
     assert not port_open(host, port)
     assert table.get("netstub") is None
     assert table.stop("netstub") is False  # nothing left to stop
+
+
+def test_network_stand_in_serves_what_nova_asks_for_a_server():
+    """nova's automatic networking, call by call: find the one network a project may use, make
+    a port, bind it, build the addresses, delete it with the server."""
+    from scoperouter_lab.netstub import make_server
+
+    server = make_server("127.0.0.1", 0)
+    base = f"http://127.0.0.1:{server.server_address[1]}/v2.0"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        project = "p1"
+        _, own = _get(f"{base}/networks?tenant_id={project}&shared=False&admin_state_up=True")
+        _, shared = _get(f"{base}/networks?shared=True")
+        assert own == {"networks": []}
+        assert [n["name"] for n in shared["networks"]] == ["private"]
+        net = shared["networks"][0]
+        _, by_name = _get(f"{base}/networks?name=private&fields=id&fields=name")
+        assert by_name == {"networks": [{"id": net["id"], "name": "private"}]}
+        status, made = _call("POST", f"{base}/ports", {"port": {
+            "network_id": net["id"], "tenant_id": project, "admin_state_up": True,
+            "device_id": "vm-1", "device_owner": "compute:nova", "mac_address": "x"}})  # fmt: skip
+        assert status == 201
+        port = made["port"]
+        assert port["status"] == "DOWN" and port["binding:vif_type"] == "unbound"
+        assert port["mac_address"].startswith("fa:16:3e:")
+        ip = port["fixed_ips"][0]["ip_address"]
+        assert ip == "10.0.0.2" and port["fixed_ips"][0]["subnet_id"] == net["subnets"][0]
+        _, bound = _call("PUT", f"{base}/ports/{port['id']}",
+                         {"port": {"binding:host_id": "cloudone-compute"}})  # fmt: skip
+        assert bound["port"]["status"] == "ACTIVE" and bound["port"]["binding:vif_type"] == "ovs"
+        _, mine = _get(f"{base}/ports?device_id=vm-1")
+        _, other = _get(f"{base}/ports?device_id=vm-2")
+        assert [p["id"] for p in mine["ports"]] == [port["id"]] and other == {"ports": []}
+        _, by_ip = _get(f"{base}/ports?fixed_ips=ip_address%3D{ip}")
+        assert [p["id"] for p in by_ip["ports"]] == [port["id"]]
+        _, subnets = _get(f"{base}/subnets?id={net['subnets'][0]}")
+        assert subnets["subnets"][0]["cidr"] == "10.0.0.0/24"
+        _, groups = _get(f"{base}/security-groups?tenant_id={project}&fields=id&fields=name")
+        assert [g["name"] for g in groups["security_groups"]] == ["default"]
+        assert port["security_groups"] == [groups["security_groups"][0]["id"]]
+        _, second = _call("POST", f"{base}/ports", {"port": {"network_id": net["id"]}})
+        assert second["port"]["fixed_ips"][0]["ip_address"] == "10.0.0.3"
+        assert _call("DELETE", f"{base}/ports/{port['id']}")[0] == 204
+        assert _call("DELETE", f"{base}/ports/{port['id']}")[0] == 404
+        assert _get(f"{base}/ports?device_id=vm-1")[1] == {"ports": []}
+        assert _call("POST", f"{base}/ports", {"port": {"network_id": "nope"}})[0] == 404
+        assert _call("POST", f"{base}/ports", {"port": "x"})[0] == 400
+        assert _call("DELETE", f"{base}/networks/{net['id']}")[0] == 403  # the lab's own
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_network_stand_in_keeps_networks_subnets_and_ports():
+    """What openstacksdk's server tests do first: a network of their own with a subnet, a
+    server port on it, then everything deleted in order (neutron's 409s when out of order)."""
+    from scoperouter_lab.netstub import make_server
+
+    server = make_server("127.0.0.1", 0)
+    base = f"http://127.0.0.1:{server.server_address[1]}/v2.0"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        status, made = _call("POST", f"{base}/networks", {"network": {"name": "n1"}})
+        assert status == 201
+        net = made["network"]
+        assert (net["shared"], net["status"], net["subnets"]) == (False, "ACTIVE", [])
+        body = {"name": "s1", "network_id": net["id"], "ip_version": 4, "cidr": "192.0.2.0/28"}
+        _, made = _call("POST", f"{base}/subnets", {"subnet": body})
+        sub = made["subnet"]
+        assert sub["gateway_ip"] == "192.0.2.1"
+        assert sub["allocation_pools"] == [{"start": "192.0.2.2", "end": "192.0.2.14"}]
+        assert _get(f"{base}/networks/{net['id']}")[1]["network"]["subnets"] == [sub["id"]]
+        _, made = _call("POST", f"{base}/ports", {"port": {"network_id": net["id"]}})
+        port = made["port"]
+        assert port["fixed_ips"] == [{"subnet_id": sub["id"], "ip_address": "192.0.2.2"}]
+        _, renamed = _call("PUT", f"{base}/networks/{net['id']}", {"network": {"name": "n2"}})
+        assert renamed["network"]["name"] == "n2"
+        bad = _call("PUT", f"{base}/subnets/{sub['id']}", {"subnet": {"cidr": "10.9.0.0/24"}})
+        assert bad[0] == 400
+        assert _call("DELETE", f"{base}/subnets/{sub['id']}")[0] == 409
+        assert _call("DELETE", f"{base}/networks/{net['id']}")[0] == 409
+        assert _call("DELETE", f"{base}/ports/{port['id']}")[0] == 204
+        assert _call("DELETE", f"{base}/networks/{net['id']}")[0] == 204
+        assert _get(f"{base}/subnets/{sub['id']}")[0] == 404  # went with its network
+        bad = _call("POST", f"{base}/subnets", {"subnet": {"network_id": "x", "cidr": "1/2"}})
+        assert bad[0] == 404
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_stop_ignores_a_reused_pid(tmp_path: Path):
@@ -203,3 +302,74 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_block_storage_stand_in_answers_reads_like_an_empty_cinder():
+    from scoperouter_lab.blockstub import answer
+
+    base = "http://127.0.0.2:8776"
+    status, body = answer("/", {}, base)
+    assert status == 300 and body["versions"][0]["version"] == "3.71"
+    assert answer("/v3/", {}, base)[1]["version"]["min_version"] == "3.0"
+    assert answer("/v3/volumes/detail", {}, base) == (200, {"volumes": []})
+    project = "0123456789abcdef0123456789abcdef"
+    assert answer(f"/v3/{project}/snapshots", {}, base) == (200, {"snapshots": []})
+    quota = answer(f"/v3/os-quota-sets/{project}", {"usage": ["True"]}, base)[1]["quota_set"]
+    assert quota["volumes"] == {"limit": -1, "in_use": 0, "reserved": 0}
+    assert answer(f"/v3/os-quota-sets/{project}", {}, base)[1]["quota_set"]["gigabytes"] == -1
+    zones = answer("/v3/os-availability-zone", {}, base)[1]["availabilityZoneInfo"]
+    assert zones == [{"zoneName": "nova", "zoneState": {"available": True}}]
+    status, body = answer("/v3/volumes/abc", {}, base)
+    assert status == 404 and body["itemNotFound"]["code"] == 404
+
+
+def test_templates_hold_no_machine_specific_path(tmp_path: Path):
+    """Every path in a rendered config comes from the lab directory; nothing names this
+    machine (a home, a checkout) in the templates or anywhere in the lab's source."""
+    import scoperouter_lab
+    from scoperouter_lab import templates as T
+    from scoperouter_lab.layout import LabPaths
+
+    ctx = T.CloudContext(CloudSpec(1), LabPaths(tmp_path / "lab"), SECRETS, routed=True)
+    uwsgi = T.uwsgi_ini(ctx, "keystone", "keystone.wsgi.api:application", 5000, {})
+    rendered = [
+        *(f(ctx) for f in (T.keystone_conf, T.glance_conf, T.placement_conf, T.nova_conf)),
+        *(f(ctx) for f in (T.nova_db_conf, T.nova_cell0_map_conf)),
+        uwsgi,
+    ]
+    machine = [str(Path.home()), "/work/", str(Path(__file__).resolve().parents[2])]
+    for text in rendered:
+        assert str(tmp_path / "lab") in text or "[database]" in text
+        for marker in machine:
+            assert marker not in text, marker
+    source = Path(scoperouter_lab.__file__).parent
+    for path in source.glob("*.py"):
+        for marker in ("/work/", "/root/", "/home/"):
+            assert marker not in path.read_text(), f"{path.name} names {marker}"
+
+
+def test_the_router_does_not_need_the_lab():
+    """The lab is its own package (lab/): nothing in scoperouter imports it but the CLI's
+    optional `lab` subcommand."""
+    import scoperouter
+
+    pkg = Path(scoperouter.__file__).parent
+    users = sorted(p.name for p in pkg.rglob("*.py") if "scoperouter_lab" in p.read_text())
+    assert users == ["cli.py"]
+    assert not (pkg / "lab").exists()
+
+
+def test_scoperouter_lab_without_the_lab_package_says_how_to_get_it(monkeypatch, capsys):
+    import importlib.util
+
+    from scoperouter import cli
+
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: object) -> object:
+        return None if name == "scoperouter_lab" else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    assert cli.main(["lab", "up", "--clouds", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "the lab is not installed" in err and "pip install -e ./lab" in err

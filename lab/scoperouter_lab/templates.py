@@ -1,7 +1,7 @@
 """Configuration files of the OpenStack services of one lab cloud.
 
 Each function returns the text of one file. The values that matter are commented where they are
-set; docs: /work/shared/reference/openstack-lab.md (verified on this kind of machine).
+set. Paths come from the lab's directory (``LabPaths``), never from this machine.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from scoperouter.lab.layout import (
+from scoperouter_lab.layout import (
     POSTGRES_PORT,
     RABBIT_PORT,
     SHARED_HOST,
@@ -30,6 +30,7 @@ class Secrets:
     db: str
     rabbit: str
     router: str  # the cloud's `scoperouter` user (service role), used by the other routers
+    alt_demo: str  # a second ordinary user (project alt_demo), like devstack's
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class CloudContext:
         return self.cloud.endpoint_url("identity", self.routed)
 
     def db_url(self, suffix: str) -> str:
+        """A database of the lab's shared PostgreSQL (holds the database password)."""
         return (
             f"postgresql+psycopg2://openstack:{self.secrets.db}@{SHARED_HOST}:{POSTGRES_PORT}/"
             f"{self.cloud.db_name(suffix)}"
@@ -55,6 +57,11 @@ class CloudContext:
     @property
     def transport_url(self) -> str:
         return f"rabbit://openstack:{self.secrets.rabbit}@{SHARED_HOST}:{RABBIT_PORT}/{self.cloud.slug}"
+
+    @property
+    def placement_db(self) -> Path:
+        """Placement's SQLite file (see placement_conf for why not PostgreSQL)."""
+        return self.data("placement") / "placement.sqlite"
 
     def etc(self, service: str) -> Path:
         return self.paths.cloud_etc(self.cloud, service)
@@ -158,11 +165,18 @@ lock_path = {ctx.data("locks")}
 
 
 def placement_conf(ctx: CloudContext) -> str:
+    # SQLite, not the shared PostgreSQL: placement's usage queries (GET /usages from
+    # microversion 1.38, which openstacksdk and osc-placement ask for) select columns that are
+    # neither grouped nor aggregated (placement/objects/usage.py, _get_by_consumer_type). MySQL
+    # and SQLite accept that; PostgreSQL refuses it ("GroupingError: column ... must appear in
+    # the GROUP BY clause") and no setting changes that. SQLite is the backend placement's own
+    # tests run on; placement runs as one single-threaded process here, so SQLite's single
+    # writer is no limit (WAL mode is set once by `lab up`).
     return f"""[DEFAULT]
 debug = false
 
 [placement_database]
-connection = {ctx.db_url("placement")}
+connection = sqlite:///{ctx.placement_db}
 
 [api]
 auth_strategy = keystone
@@ -227,6 +241,14 @@ connection = {ctx.db_url("nova_api")}
 
 [database]
 connection = {ctx.db_url("nova_cell1")}
+"""
+
+
+def nova_cell0_map_conf(ctx: CloudContext) -> str:
+    """Only for ``nova-manage cell_v2 map_cell0``: nova maps cell0 to this URL + ``_cell0``,
+    i.e. the ``<cloud>_nova_cell0`` database."""
+    return f"""[database]
+connection = {ctx.db_url("nova")}
 """
 
 

@@ -15,10 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TextIO
 
-from scoperouter.lab import files
-from scoperouter.lab.api import ApiError, Keystone, http_status, port_open, wait_for
-from scoperouter.lab.cloud import CloudRunner, Step
-from scoperouter.lab.infra import (
+from scoperouter_lab import files
+from scoperouter_lab.api import ApiError, Keystone, http_status, port_open, wait_for
+from scoperouter_lab.cloud import CloudRunner, Step
+from scoperouter_lab.infra import (
     LabError,
     Postgres,
     Rabbit,
@@ -26,22 +26,23 @@ from scoperouter.lab.infra import (
     ensure_venv,
     tail,
 )
-from scoperouter.lab.layout import (
+from scoperouter_lab.layout import (
     DATABASES,
     MAX_CLOUDS,
     PROXY_PORT,
     SERVICE_PORTS,
+    STAND_INS,
     CloudSpec,
     LabPaths,
 )
-from scoperouter.lab.procs import ProcessTable, fingerprint
-from scoperouter.lab.templates import CloudContext, Secrets
+from scoperouter_lab.procs import ProcessTable, fingerprint
+from scoperouter_lab.templates import CloudContext, Secrets
 
 ROUTER_CODE = "import sys; from scoperouter.cli import main; sys.exit(main())"
 SHARED_PROCESSES = ("postgres", "epmd", "rabbitmq")
 # stop order inside one cloud: front to back
 STOP_ORDER = ("router", "nova-compute", "nova-scheduler", "nova-conductor", "nova-api", "glance",
-              "placement", "network", "keystone")  # fmt: skip
+              "placement", "network", "block-storage", "keystone")  # fmt: skip
 
 
 class Progress:
@@ -117,7 +118,8 @@ class Lab:
 
     def _load_state(self) -> dict[str, Any]:
         try:
-            return json.loads(self.paths.state_file.read_text())
+            state: dict[str, Any] = json.loads(self.paths.state_file.read_text())
+            return state
         except (OSError, ValueError):
             return {}
 
@@ -136,7 +138,7 @@ class Lab:
         for key in ("db", "rabbit"):
             shared.setdefault(key, secrets.token_urlsafe(12))
         own = self.state.setdefault("cloud_secrets", {}).setdefault(cloud.slug, {})
-        for key in ("admin", "demo", "service", "router"):
+        for key in ("admin", "demo", "service", "router", "alt_demo"):
             own.setdefault(key, secrets.token_urlsafe(12))
         return Secrets(db=shared["db"], rabbit=shared["rabbit"], **own)
 
@@ -239,10 +241,12 @@ class Lab:
         want = self._desired()
         extra = [rec.name for rec in self.procs.all() if rec.name not in want]
         if extra:
-            self.progress.run(
-                "stopping processes no longer wanted",
-                lambda: (self._stop_many(extra), ", ".join(extra))[1],
-            )
+
+            def stop() -> str:
+                self._stop_many(extra)
+                return ", ".join(extra)
+
+            self.progress.run("stopping processes no longer wanted", stop)
 
     def _parallel(self, tasks: Iterable[Callable[[], Any]], workers: int = 4) -> list[Any]:
         tasks = list(tasks)
@@ -345,7 +349,7 @@ class Lab:
         self._parallel([start(c) for c in self.clouds], workers=len(self.clouds))
 
     def router_listens(self, cloud: CloudSpec) -> list[tuple[str, int]]:
-        types = ["identity", "network"] + [
+        types = ["identity", *(stype for stype, _, _ in STAND_INS.values())] + [
             t for s, t in (("glance", "image"), ("placement", "placement"), ("nova", "compute"))
             if s in self.services
         ]  # fmt: skip
@@ -552,14 +556,17 @@ Logs: {self.paths.logs}/<cloud>/<service>.log     Status: scoperouter lab status
 
 
 def _router_code() -> str:
-    """A hash of the router's source (scoperouter/ without lab/): new code, new router."""
+    """A hash of the installed router's source (the scoperouter package): new code, new
+    router."""
     import hashlib
+    import importlib.util
 
-    pkg = Path(__file__).resolve().parent.parent
+    spec = importlib.util.find_spec("scoperouter")
+    if spec is None or not spec.origin:
+        return ""
+    pkg = Path(spec.origin).resolve().parent
     h = hashlib.sha256()
     for path in sorted(pkg.rglob("*.py")):
-        if "lab" in path.relative_to(pkg).parts[:1]:
-            continue
         h.update(str(path.relative_to(pkg)).encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
 

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
-from scoperouter.lab.api import port_open, wait_for
-from scoperouter.lab.layout import (
+from scoperouter_lab.api import port_open, wait_for
+from scoperouter_lab.layout import (
     EPMD_PORT,
     POSTGRES_PORT,
     RABBIT_DIST_PORT,
@@ -27,7 +27,7 @@ from scoperouter.lab.layout import (
     CloudSpec,
     LabPaths,
 )
-from scoperouter.lab.procs import ProcessTable, fingerprint
+from scoperouter_lab.procs import ProcessTable, fingerprint
 
 
 class LabError(RuntimeError):
@@ -84,7 +84,7 @@ def run(
 
 
 def pins_text() -> str:
-    return resources.files("scoperouter.lab").joinpath("pins.txt").read_text()
+    return resources.files("scoperouter_lab").joinpath("pins.txt").read_text()
 
 
 def venv_state(paths: LabPaths) -> str:

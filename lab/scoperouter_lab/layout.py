@@ -31,6 +31,13 @@ SERVICE_PORTS: dict[str, tuple[int, str]] = {
     "compute": (8774, "/v2.1"),
     "placement": (8778, ""),
     "network": (9696, ""),
+    "block-storage": (8776, "/v3"),
+}
+# scoperouter's own stand-ins for services the lab does not run (real neutron and cinder are
+# heavy): process name -> (service type, module, keystone service name). Always present.
+STAND_INS: dict[str, tuple[str, str, str]] = {
+    "network": ("network", "scoperouter_lab.netstub", "neutron"),
+    "block-storage": ("block-storage", "scoperouter_lab.blockstub", "cinder"),
 }
 PROXY_PORT = 3128
 SHARED_HOST = "127.0.0.1"
@@ -55,11 +62,12 @@ SERVICE_TYPE = {
     "nova": "compute",
     "network": "network",
 }
-# Databases per selected service.
-DATABASES = {
+# Databases per selected service, in the shared PostgreSQL (placement uses SQLite: see
+# templates.placement_conf).
+DATABASES: dict[str, tuple[str, ...]] = {
     "keystone": ("keystone",),
     "glance": ("glance",),
-    "placement": ("placement",),
+    "placement": (),
     "nova": ("nova_api", "nova_cell0", "nova_cell1"),
 }
 

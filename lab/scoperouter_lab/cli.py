@@ -1,6 +1,6 @@
 """The `lab` subcommand: `scoperouter lab up|status|down`.
 
-`scoperouter/cli.py` calls :func:`register`; ``python -m scoperouter.lab`` runs it standalone.
+`scoperouter/cli.py` calls :func:`register`; ``python -m scoperouter_lab`` runs it standalone.
 """
 
 from __future__ import annotations
@@ -9,23 +9,26 @@ import argparse
 import sys
 from pathlib import Path
 
-from scoperouter.lab.layout import MAX_CLOUDS, SELECTABLE, default_dir, resolve_services
+from scoperouter_lab.layout import MAX_CLOUDS, SELECTABLE, default_dir, resolve_services
 
 DESCRIPTION = """\
 Real OpenStack clouds on this machine, each fronted by a scoperouter.
 
 Cloud i (CloudOne, CloudTwo, ...) runs keystone, glance, placement, nova (fake virt driver) and a
-read-only network stand-in on 127.0.1.(1+i); its router listens on 127.0.0.(1+i) at the same
-ports (what the keystone catalog advertises) and on 127.0.0.(1+i):3128 (the services' HTTP
-proxy). PostgreSQL and RabbitMQ on 127.0.0.1 are shared. Everything listens on loopback only.
+small network stand-in (one shared network and its ports) on 127.0.1.(1+i); its router listens
+on 127.0.0.(1+i) at the same ports (what the keystone catalog advertises) and on
+127.0.0.(1+i):3128 (the services' HTTP proxy). PostgreSQL and RabbitMQ on 127.0.0.1 are shared.
+Everything listens on loopback only.
 """
 
 UP_HELP = """\
 Install what is missing (Debian packages postgresql and rabbitmq-server, a virtualenv with the
 pinned OpenStack release in <dir>/venv), start every process that is not already running and
-healthy, seed each cloud (region = cloud name; users admin and demo; project demo; flavor m1.tiny;
-image tiny) and write <dir>/clouds.yaml and <dir>/federation.yaml. Safe to re-run: healthy
-processes are left alone, one-time steps are skipped. First run ~4-5 minutes, re-runs seconds.
+healthy, seed each cloud (region = cloud name; users admin, demo and alt_demo with projects demo
+and alt_demo; devstack's flavors m1.tiny .. m1.xlarge, cirros256, ds512M .. ds4G; images tiny and
+cirros-0.6.3-x86_64-disk; a shared network `private`) and write <dir>/clouds.yaml and
+<dir>/federation.yaml. Safe to re-run: healthy processes are left alone, one-time steps are
+skipped. First run ~4-5 minutes, re-runs seconds.
 """
 
 
@@ -42,7 +45,9 @@ def _add_dir(p: argparse.ArgumentParser) -> None:
     )
 
 
-def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def register(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
     """Add `lab` (with up, status, down) to a parent parser's subcommands."""
     lab = subparsers.add_parser(
         "lab",
@@ -121,10 +126,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scoperouter.lab.infra import LabError
+    from scoperouter_lab.infra import LabError
 
     try:
-        return args.lab_func(args)
+        return int(args.lab_func(args))
     except LabError as exc:
         print(f"scoperouter lab: {exc}", file=sys.stderr)
         return 1
@@ -135,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from scoperouter.lab.lab import Lab
+    from scoperouter_lab.lab import Lab
 
     try:
         services = resolve_services(args.services) if args.services else None
@@ -146,13 +151,13 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from scoperouter.lab.lab import Lab
+    from scoperouter_lab.lab import Lab
 
     return Lab(_dir(args.dir)).status()
 
 
 def _down(args: argparse.Namespace) -> int:
-    from scoperouter.lab.lab import Lab
+    from scoperouter_lab.lab import Lab
 
     return Lab(_dir(args.dir)).down(purge=args.purge, purge_venv=args.purge_venv)
 
@@ -163,4 +168,4 @@ def main(argv: list[str] | None = None) -> int:
     sub.required = True
     register(sub)
     args = parser.parse_args(argv)
-    return args.func(args)
+    return int(args.func(args))

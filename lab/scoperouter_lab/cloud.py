@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import hashlib
 import os
 import pwd
+import sqlite3
 import sys
 import time
 from collections.abc import Callable
@@ -14,17 +16,40 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from scoperouter.lab import templates as T
-from scoperouter.lab.api import Keystone, http_status, request, wait_for
-from scoperouter.lab.infra import run, tail
-from scoperouter.lab.layout import SERVICE_TYPE, CloudSpec
-from scoperouter.lab.procs import ProcessTable, fingerprint
+from scoperouter_lab import templates as T
+from scoperouter_lab.api import Keystone, http_status, request, wait_for
+from scoperouter_lab.infra import run, tail
+from scoperouter_lab.layout import SERVICE_TYPE, STAND_INS, CloudSpec
+from scoperouter_lab.procs import ProcessTable, fingerprint
 
 SERVICE_USERS = {"glance": "glance", "placement": "placement", "nova": "nova"}
 IMAGE_NAME = "tiny"
+# The same few KB under the name OpenStack's functional tests look for (python-openstackclient's
+# compute tests pick the first `cirros-*-disk` image; the virt driver is fake, the bytes never
+# boot). A property says so.
+CIRROS_NAME = "cirros-0.6.3-x86_64-disk"
+IMAGES = {
+    IMAGE_NAME: {},
+    CIRROS_NAME: {"scoperouter_lab": "stand-in bytes named as the functional tests expect"},
+}
 IMAGE_SIZE = 64 * 1024
-FLAVOR = {"name": "m1.tiny", "ram": 64, "vcpus": 1, "disk": 1, "id": "1"}
-DEMO_QUOTA = {"instances": 100, "cores": 200, "ram": 256000}
+# devstack's flavors (lib/nova create_flavors): what the upstream suites expect by name and size
+FLAVORS = (
+    {"id": "1", "name": "m1.tiny", "ram": 512, "disk": 1, "vcpus": 1},
+    {"id": "2", "name": "m1.small", "ram": 2048, "disk": 20, "vcpus": 1},
+    {"id": "3", "name": "m1.medium", "ram": 4096, "disk": 40, "vcpus": 2},
+    {"id": "4", "name": "m1.large", "ram": 8192, "disk": 80, "vcpus": 4},
+    {"id": "5", "name": "m1.xlarge", "ram": 16384, "disk": 160, "vcpus": 8},
+    {"id": "c1", "name": "cirros256", "ram": 256, "disk": 1, "vcpus": 1},
+    {"id": "d1", "name": "ds512M", "ram": 512, "disk": 5, "vcpus": 1},
+    {"id": "d2", "name": "ds1G", "ram": 1024, "disk": 10, "vcpus": 1},
+    {"id": "d3", "name": "ds2G", "ram": 2048, "disk": 10, "vcpus": 2},
+    {"id": "d4", "name": "ds4G", "ram": 4096, "disk": 20, "vcpus": 4},
+)
+# nova's default quotas (10 instances, 20 cores, 50 GB) raised for every project: set on the
+# `default` quota class, so a project's quota reverts to these when its own is deleted (as
+# openstacksdk's quota tests do with the demo project)
+DEFAULT_QUOTA = {"instances": 100, "cores": 400, "ram": 2048000}
 
 # API process -> (WSGI application, service type (port), uWSGI processes, threads per process).
 # One keystone process: its in-process cache must be consistent (see templates.keystone_conf).
@@ -101,7 +126,7 @@ class CloudRunner:
         return f"{self.cloud.name}: {text}"
 
     def process_names(self) -> list[str]:
-        names = ["keystone", "network"]
+        names = ["keystone", *STAND_INS]
         if "glance" in self.services:
             names.append("glance")
         if "placement" in self.services:
@@ -162,7 +187,7 @@ class CloudRunner:
                 ctx, name, module, self.cloud.port(stype), envs[name], processes, threads
             )
         for d in ("keystone-fernet", "keystone-credential", "glance-images", "glance-staging",
-                  "glance-tasks", "nova", "locks"):  # fmt: skip
+                  "glance-tasks", "nova", "placement", "locks"):  # fmt: skip
             ctx.data(d).mkdir(parents=True, exist_ok=True)
             ctx.data(d).chmod(0o700)
         for path, text in files.items():
@@ -230,54 +255,50 @@ class CloudRunner:
 
     def glance_setup(self) -> None:
         conf = str(self.ctx.etc("glance") / "glance-api.conf")
-        self._once(
-            "glance-db",
-            "glance db sync",
-            lambda: (
-                self._manage(
-                    [str(self.paths.venv_bin("glance-manage")), "--config-file", conf, "db_sync"],
-                    "glance db_sync",
-                )
-                and None
-            ),
-        )
+
+        def sync() -> None:
+            manage = str(self.paths.venv_bin("glance-manage"))
+            self._manage([manage, "--config-file", conf, "db_sync"], "glance db_sync")
+
+        self._once("glance-db", "glance db sync", sync)
 
     def placement_setup(self) -> None:
         conf = str(self.ctx.etc("placement") / "placement.conf")
-        self._once(
-            "placement-db",
-            "placement db sync",
-            lambda: (
-                self._manage(
-                    [
-                        str(self.paths.venv_bin("placement-manage")),
-                        "--config-file",
-                        conf,
-                        "db",
-                        "sync",
-                    ],
-                    "placement db sync",
-                )
-                and None
-            ),
-        )
 
-    def nova_manage(self, *args: str, what: str) -> str:
-        nm = [
-            str(self.paths.venv_bin("nova-manage")),
-            "--config-file", str(self.ctx.etc("nova") / "nova.conf"),
-            "--config-file", str(self.ctx.etc("nova") / "nova-db.conf"),
-        ]  # fmt: skip
+        def sync() -> None:
+            manage = str(self.paths.venv_bin("placement-manage"))
+            self._manage([manage, "--config-file", conf, "db", "sync"], "placement db sync")
+            # WAL: readers never wait for the writer; the mode is stored in the file
+            with contextlib.closing(sqlite3.connect(self.ctx.placement_db)) as db:
+                db.execute("PRAGMA journal_mode=WAL")
+
+        self._once("placement-db-sqlite", "placement db sync (SQLite)", sync)
+
+    def nova_manage(self, *args: str, what: str, extra_conf: Path | None = None) -> str:
+        confs = [self.ctx.etc("nova") / "nova.conf", self.ctx.etc("nova") / "nova-db.conf"]
+        nm = [str(self.paths.venv_bin("nova-manage"))]
+        for conf in [*confs, *([extra_conf] if extra_conf else [])]:
+            nm += ["--config-file", str(conf)]
         return self._manage([*nm, *args], what)
+
+    def map_cell0(self) -> None:
+        """``nova-manage cell_v2 map_cell0`` without a database URL on its command line (the
+        setup log records every command line): nova derives cell0's URL from ``[database]
+        connection`` + ``_cell0``, so a short-lived config file names ``<cloud>_nova``."""
+        conf = self.ctx.etc("nova") / "nova-cell0-map.conf"
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(T.nova_cell0_map_conf(self.ctx))
+        try:
+            self.nova_manage("cell_v2", "map_cell0", what="nova-manage cell_v2 map_cell0",
+                             extra_conf=conf)  # fmt: skip
+        finally:
+            conf.unlink(missing_ok=True)
 
     def nova_setup(self) -> None:
         def sync() -> None:
             self.nova_manage("api_db", "sync", what="nova-manage api_db sync")
-            self.nova_manage(
-                "cell_v2", "map_cell0",
-                "--database_connection", self.ctx.db_url("nova_cell0"),
-                what="nova-manage cell_v2 map_cell0",
-            )  # fmt: skip
+            self.map_cell0()
             cells = self.nova_manage("cell_v2", "list_cells", what="nova-manage list_cells")
             if " cell1 " not in cells:
                 self.nova_manage(
@@ -293,10 +314,11 @@ class CloudRunner:
     def _spec(self, what: str) -> tuple[list[str], str]:
         """argv and fingerprint of one process of this cloud."""
         nova_etc = self.ctx.etc("nova")
-        if what == "network":
-            argv = [sys.executable, "-m", "scoperouter.lab.netstub", "--listen",
-                    f"{self.cloud.back_ip}:{self.cloud.port('network')}"]  # fmt: skip
-            confs = [Path(__file__).with_name("netstub.py")]
+        if what in STAND_INS:
+            stype, module, _ = STAND_INS[what]
+            argv = [sys.executable, "-m", module, "--listen",
+                    f"{self.cloud.back_ip}:{self.cloud.port(stype)}"]  # fmt: skip
+            confs = [Path(__file__).with_name(module.rsplit(".", 1)[1] + ".py")]
         elif what in API_PROCESSES:
             service = what.split("-")[0]
             argv = [str(self.paths.venv_bin("uwsgi")), "--ini", str(self.uwsgi_ini(what))]
@@ -338,14 +360,14 @@ class CloudRunner:
     def start_api(self, name: str) -> str:
         return self._start(name)
 
-    def start_network(self) -> str:
-        return self._start("network")
+    def start_stand_ins(self) -> list[str]:
+        return [self._start(name) for name in STAND_INS]
 
     def start_nova_daemon(self, name: str) -> str:
         return self._start(name)
 
     def api_healthy(self, name: str) -> bool:
-        stype = "network" if name == "network" else API_PROCESSES[name][1]
+        stype = STAND_INS[name][0] if name in STAND_INS else API_PROCESSES[name][1]
         status = http_status(self.cloud.backend_url(stype) + "/")
         return status is not None and status < 500
 
@@ -390,16 +412,21 @@ class CloudRunner:
         demo_project = ks.ensure_project("demo", "the lab's demo project")
         demo = ks.ensure_user("demo", self.ctx.secrets.demo, demo_project)
         ks.grant(demo_project, demo, "member")
+        # a second ordinary user in its own project, as devstack has (the suites' "alt" cloud)
+        alt_project = ks.ensure_project("alt_demo", "the lab's second demo project")
+        alt = ks.ensure_user("alt_demo", self.ctx.secrets.alt_demo, alt_project)
+        ks.grant(alt_project, alt, "member")
         region = self.cloud.region
         names = {"identity": "keystone", "image": "glance", "placement": "placement",
-                 "compute": "nova", "network": "neutron"}  # fmt: skip
+                 "compute": "nova"}  # fmt: skip
+        names.update({stype: name for stype, _, name in STAND_INS.values()})
         for stype in self.service_types():
             sid = ks.ensure_service(stype, names[stype])
             ks.ensure_endpoint(sid, "public", self.cloud.endpoint_url(stype, routed), region)
         return f"{len(self.service_types())} endpoints -> {'router' if routed else 'backends'}"
 
     def service_types(self) -> list[str]:
-        types = ["identity", "network"]
+        types = ["identity", *(stype for stype, _, _ in STAND_INS.values())]
         for s in ("glance", "placement", "nova"):
             if s in self.services:
                 types.append(SERVICE_TYPE[s])
@@ -412,7 +439,7 @@ class CloudRunner:
 
     def start_services(self) -> str:
         self._stop_changed()
-        results = [self.start_network()]
+        results = self.start_stand_ins()
         for name in ("glance", "placement"):
             if name in self.services:
                 results.append(self.start_api(name))
@@ -424,9 +451,9 @@ class CloudRunner:
         return f"{started} started, {len(results) - started} already running"
 
     def wait_services(self) -> str:
-        for name in ("network", "glance", "placement", "nova-api"):
+        for name in (*STAND_INS, "glance", "placement", "nova-api"):
             service = name.split("-")[0]
-            if name == "network" or service in self.services:
+            if name in STAND_INS or service in self.services:
                 self.wait_api(name)
         if "nova" in self.services:
             self.wait_compute()
@@ -470,19 +497,26 @@ class CloudRunner:
         def hypervisors() -> bool:
             return bool(ks.call("GET", self.nova_url() + "/os-hypervisors")["hypervisors"])
 
-        if hypervisors():
-            return
         placement = self.cloud.backend_url("placement")
         host = f"{self.cloud.slug}-compute"
-        wait_for(
-            self.label("compute node in placement"),
-            lambda: ks.call("GET", f"{placement}/resource_providers?name={host}")[
-                "resource_providers"
-            ],
-            120,
-            interval=1.0,
-            on_fail=died,
-        )
+
+        def in_placement() -> bool:
+            found = ks.call("GET", f"{placement}/resource_providers?name={host}")
+            return bool(found["resource_providers"])
+
+        mapped = hypervisors()
+        if mapped and in_placement():
+            return
+        if mapped:
+            # placement's database is new (moved or purged) while nova-compute still caches
+            # its resource provider: a restart registers the compute node again
+            self.step.timed(self.label("nova-compute re-registers in placement"),
+                            lambda: (self.procs.stop(self.pname("nova-compute")),
+                                     self._start("nova-compute"))[1])  # fmt: skip
+        wait_for(self.label("compute node in placement"), in_placement, 120, interval=1.0,
+                 on_fail=died)  # fmt: skip
+        if mapped:
+            return
         self.step.timed(
             self.label("nova discover_hosts"),
             lambda: self.nova_manage("cell_v2", "discover_hosts", "--verbose",
@@ -502,23 +536,29 @@ class CloudRunner:
         return ", ".join(done) or "nothing to seed"
 
     def _seed_image(self, ks: Keystone) -> str:
+        results = [self._ensure_image(ks, name, props) for name, props in IMAGES.items()]
+        made = [name for name, uploaded in zip(IMAGES, results, strict=True) if uploaded]
+        return f"images uploaded: {', '.join(made)}" if made else f"{len(IMAGES)} images present"
+
+    def _ensure_image(self, ks: Keystone, name: str, properties: dict[str, str]) -> bool:
+        """An active public image `name` with the tiny bytes; True when it was uploaded now."""
         glance = self.cloud.backend_url("image")
-        found = ks.call("GET", f"{glance}/v2/images?name={IMAGE_NAME}")["images"]
-        active = [i for i in found if i["status"] == "active"]
-        if active:
-            return f"image {IMAGE_NAME} present"
+        found = ks.call("GET", f"{glance}/v2/images?name={name}")["images"]
+        if any(i["status"] == "active" for i in found):
+            return False
         for stale in found:
             ks.call("DELETE", f"{glance}/v2/images/{stale['id']}", ok=(404,))
         image = ks.call(
             "POST",
             f"{glance}/v2/images",
             {
-                "name": IMAGE_NAME,
+                "name": name,
                 "disk_format": "raw",
                 "container_format": "bare",
                 "visibility": "public",
                 "min_disk": 0,
                 "min_ram": 0,
+                **properties,
             },
         )
         request(
@@ -528,18 +568,24 @@ class CloudRunner:
             headers={"X-Auth-Token": ks.token, "Content-Type": "application/octet-stream"},
         )
         wait_for(
-            self.label(f"image {IMAGE_NAME} active"),
+            self.label(f"image {name} active"),
             lambda: ks.call("GET", f"{glance}/v2/images/{image['id']}")["status"] == "active",
             60,
         )
-        return f"image {IMAGE_NAME} uploaded"
+        return True
 
     def _seed_nova(self, ks: Keystone) -> str:
         nova = self.nova_url()
-        flavors = ks.call("GET", f"{nova}/flavors?is_public=None")["flavors"]
-        if not any(f["name"] == FLAVOR["name"] for f in flavors):
-            ks.call("POST", f"{nova}/flavors", {"flavor": dict(FLAVOR)})
-        for project in ("demo", "admin"):
-            pid = ks.find("projects", project, domain_id="default")["id"]
-            ks.call("PUT", f"{nova}/os-quota-sets/{pid}", {"quota_set": dict(DEMO_QUOTA)})
-        return f"flavor {FLAVOR['name']}, quotas raised"
+        flavors = ks.call("GET", f"{nova}/flavors/detail?is_public=None")["flavors"]
+        made = 0
+        for want in FLAVORS:
+            same = [f for f in flavors if f["id"] == want["id"] or f["name"] == want["name"]]
+            if any(all(f.get(k) == v for k, v in want.items()) for f in same):
+                continue
+            for old in same:  # flavors are immutable: replace one of another size
+                ks.call("DELETE", f"{nova}/flavors/{old['id']}", ok=(404,))
+            ks.call("POST", f"{nova}/flavors", {"flavor": dict(want)})
+            made += 1
+        ks.call("PUT", f"{nova}/os-quota-class-sets/default",
+                {"quota_class_set": dict(DEFAULT_QUOTA)})  # fmt: skip
+        return f"{len(FLAVORS)} flavors ({made} created), default quotas raised"

@@ -11,7 +11,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -69,7 +69,13 @@ def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
         return False
 
 
-def wait_for(what: str, check, timeout: float, interval: float = 0.3, on_fail=None) -> Any:
+def wait_for(
+    what: str,
+    check: Callable[[], Any],
+    timeout: float,
+    interval: float = 0.3,
+    on_fail: Callable[[], str | None] | None = None,
+) -> Any:
     """Poll `check()` until it returns a truthy value; raise TimeoutError naming `what`."""
     deadline = time.monotonic() + timeout
     last_exc: Exception | None = None
@@ -127,7 +133,9 @@ class Keystone:
         self.project_id = tok["project"]["id"]
         return self
 
-    def call(self, method: str, url: str, body: Any = None, ok=(), **kw) -> Any:
+    def call(
+        self, method: str, url: str, body: Any = None, ok: tuple[int, ...] = (), **kw: Any
+    ) -> Any:
         if not url.startswith("http"):
             url = self.url + url
         headers = {"X-Auth-Token": self.token, **kw.pop("headers", {})}
@@ -150,20 +158,20 @@ class Keystone:
     def ensure_project(self, name: str, description: str = "") -> str:
         found = self.find("projects", name, domain_id="default")
         if found:
-            return found["id"]
+            return str(found["id"])
         body = {"project": {"name": name, "domain_id": "default", "description": description}}
-        return self.call("POST", "/projects", body)["project"]["id"]
+        return str(self.call("POST", "/projects", body)["project"]["id"])
 
     def ensure_user(self, name: str, password: str, project_id: str | None = None) -> str:
         found = self.find("users", name, domain_id="default")
         if found:
             if not self.password_works(name, password):  # the lab's secret for it changed
                 self.call("PATCH", f"/users/{found['id']}", {"user": {"password": password}})
-            return found["id"]
+            return str(found["id"])
         user: dict[str, Any] = {"name": name, "domain_id": "default", "password": password}
         if project_id:
             user["default_project_id"] = project_id
-        return self.call("POST", "/users", {"user": user})["user"]["id"]
+        return str(self.call("POST", "/users", {"user": user})["user"]["id"])
 
     def password_works(self, name: str, password: str) -> bool:
         """Can user `name` (default domain) authenticate with `password`? (unscoped token)"""
@@ -183,8 +191,8 @@ class Keystone:
     def role_id(self, name: str) -> str:
         found = self.find("roles", name)
         if found:
-            return found["id"]
-        return self.call("POST", "/roles", {"role": {"name": name}})["role"]["id"]
+            return str(found["id"])
+        return str(self.call("POST", "/roles", {"role": {"name": name}})["role"]["id"])
 
     def grant(self, project_id: str, user_id: str, role: str) -> None:
         rid = self.role_id(role)
@@ -194,9 +202,9 @@ class Keystone:
         found = self.call("GET", f"/services?type={service_type}")["services"]
         for svc in found:
             if svc["name"] == name:
-                return svc["id"]
+                return str(svc["id"])
         body = {"service": {"type": service_type, "name": name, "enabled": True}}
-        return self.call("POST", "/services", body)["service"]["id"]
+        return str(self.call("POST", "/services", body)["service"]["id"])
 
     def ensure_endpoint(self, service_id: str, interface: str, url: str, region: str) -> None:
         found = self.call("GET", f"/endpoints?service_id={service_id}&interface={interface}")[

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import yaml
 
-from scoperouter.lab.layout import SERVICE_PORTS, CloudSpec
-from scoperouter.lab.templates import Secrets
+from scoperouter_lab.layout import SERVICE_PORTS, CloudSpec
+from scoperouter_lab.templates import Secrets
 
 
-def federation_config(rows_by_cloud: Mapping[CloudSpec, Sequence[Mapping[str, str]]]) -> dict:
+def federation_config(
+    rows_by_cloud: Mapping[CloudSpec, Sequence[Mapping[str, str]]],
+) -> dict[str, Any]:
     """The federation config (docs/design.md) from live keystone endpoint lists.
 
     Each row is one ``openstack endpoint list`` line (service_type, interface, url, region).
@@ -18,7 +21,7 @@ def federation_config(rows_by_cloud: Mapping[CloudSpec, Sequence[Mapping[str, st
     when the catalog still points at the backend, i.e. a lab brought up without router); the
     backend is the same URL on the cloud's backend address.
     """
-    clouds: dict[str, dict] = {}
+    clouds: dict[str, dict[str, Any]] = {}
     for cloud, rows in rows_by_cloud.items():
         services: dict[str, dict[str, dict[str, str]]] = {}
         used_types: list[str] = []
@@ -73,7 +76,9 @@ def _secrets(secrets: SecretsOf, cloud: CloudSpec) -> Secrets:
     return secrets if isinstance(secrets, Secrets) else secrets[cloud]
 
 
-def _entry(cloud: CloudSpec, routed: bool, user: str, password: str | None, project: str) -> dict:
+def _entry(
+    cloud: CloudSpec, routed: bool, user: str, password: str | None, project: str
+) -> dict[str, Any]:
     auth = {
         "auth_url": cloud.endpoint_url("identity", routed),
         "username": user,
@@ -90,14 +95,16 @@ def _entry(cloud: CloudSpec, routed: bool, user: str, password: str | None, proj
     }
 
 
-def clouds_config(clouds: Sequence[CloudSpec], secrets: SecretsOf, routed: bool) -> dict:
-    """`<cloud>` (demo user, demo project), `<cloud>-admin`, `<cloud>-router` (the user the
-    routers of the other clouds use there: service role only). The lab user's file: every
-    entry has the password of its own cloud only."""
-    out: dict[str, dict] = {}
+def clouds_config(clouds: Sequence[CloudSpec], secrets: SecretsOf, routed: bool) -> dict[str, Any]:
+    """`<cloud>` (demo user, demo project), `<cloud>-alt` (alt_demo, a second ordinary user),
+    `<cloud>-admin`, `<cloud>-router` (the user the routers of the other clouds use there:
+    service role only). The lab user's file: every entry has the password of its own cloud
+    only."""
+    out: dict[str, dict[str, Any]] = {}
     for cloud in clouds:
         sec = _secrets(secrets, cloud)
         out[cloud.slug] = _entry(cloud, routed, "demo", sec.demo, "demo")
+        out[f"{cloud.slug}-alt"] = _entry(cloud, routed, "alt_demo", sec.alt_demo, "alt_demo")
         out[f"{cloud.slug}-admin"] = _entry(cloud, routed, "admin", sec.admin, "admin")
         out[router_entry(cloud)] = _entry(cloud, routed, "scoperouter", sec.router, "service")
     return {"clouds": out}
@@ -105,7 +112,7 @@ def clouds_config(clouds: Sequence[CloudSpec], secrets: SecretsOf, routed: bool)
 
 def router_clouds_config(
     others: Sequence[CloudSpec], secrets: SecretsOf, routed: bool
-) -> tuple[dict, dict]:
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """clouds.yaml and secure.yaml of one router: the `<cloud>-router` entry of each other cloud
     it reaches (its federation `credentials`), the passwords in secure.yaml only. Nothing else:
     a router's configuration holds no admin password, of its own cloud or another."""
@@ -114,5 +121,5 @@ def router_clouds_config(
     return {"clouds": clouds}, {"clouds": secure}
 
 
-def dump(data: dict, header: str) -> str:
+def dump(data: Mapping[str, Any], header: str) -> str:
     return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=False)

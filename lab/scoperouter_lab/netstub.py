@@ -1,0 +1,495 @@
+"""A small stand-in for the network service (neutron) of a lab cloud.
+
+Real neutron is heavy (agents, OVS); nova needs only a few of its calls to give a server a
+network: list the networks a project may use, create a port on one, bind it to the compute host
+(``binding:host_id``), list the server's ports, subnets and floating IPs to build its addresses,
+and delete the port with the server. This stand-in answers those, from memory:
+
+* one network, ``private`` (shared, so every project's automatic networking — nova's
+  ``networks: auto`` or no ``--nic`` — finds exactly one), with one IPv4 subnet
+  ``private-subnet`` (10.0.0.0/24); stable ids across restarts; it cannot be deleted;
+* networks, subnets and ports: create, show, list with neutron's equality filters and
+  ``fields``, update, delete (a port gets a MAC and the next free address of its network's
+  first subnet; binding it to a host makes it ACTIVE with vif type ``ovs``; a network with
+  ports or a subnet with addresses in use answers 409);
+* a ``default`` security group per project (as neutron creates on first use); quotas
+  unlimited; no extensions; no routers, floating IPs or security group rules: those writes
+  answer 403 (NeutronError JSON), a limit of the lab.
+
+State lives in memory (a restart forgets what clients created; nova tolerates a port that is
+gone when it deletes a server). Tokens are not checked (projects come from request bodies):
+everything listens on the lab's loopback backend address, behind the cloud's router.
+
+Run: ``python -m scoperouter_lab.netstub --listen 127.0.1.2:9696`` (stdlib only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import json
+import re
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+_COLLECTION = re.compile(r"^/v2\.0/([a-z0-9_-]+?)(?:\.json)?/?$")
+_ITEM = re.compile(r"^/v2\.0/([a-z0-9_-]+)/([^/]+?)(?:\.json)?/?$")
+_QUOTA_KEYS = ("network", "subnet", "port", "router", "floatingip", "security_group",
+               "security_group_rule")  # fmt: skip
+NETWORK_NAME = "private"
+SUBNET_CIDR = "10.0.0.0/24"
+MAX_BODY = 1 << 20  # a port body is a few hundred bytes
+
+Resource = dict[str, Any]
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _singular(collection: str) -> str:
+    """``security_groups`` -> ``security_group``; ``policies`` -> ``policy``."""
+    if collection.endswith("ies"):
+        return collection[:-3] + "y"
+    return collection[:-1] if collection.endswith("s") else collection
+
+
+class NotFound(Exception):
+    pass
+
+
+class BadRequest(Exception):
+    pass
+
+
+def _matches(item: Mapping[str, Any], key: str, wanted: list[str]) -> bool:
+    """neutron's list filters: ``?k=v&k=w`` keeps items whose k is v or w (strings compared the
+    way neutron's API renders them: booleans as True/False, case-insensitively)."""
+    if key == "fixed_ips":  # fixed_ips=ip_address=10.0.0.3 / subnet_id=...
+        for cond in wanted:
+            name, _, value = cond.partition("=")
+            if not any(str(ip.get(name)) == value for ip in item.get("fixed_ips", [])):
+                return False
+        return True
+    if key not in item:
+        return False
+    value = item[key]
+    if isinstance(value, bool):
+        return any(w.lower() == str(value).lower() for w in wanted)
+    if isinstance(value, list):
+        return any(w in (str(v) for v in value) for w in wanted)
+    return str(value) in wanted
+
+
+class Conflict(Exception):
+    pass
+
+
+class Forbidden(Exception):
+    pass
+
+
+# what a client may set on each kind of resource; ids, MACs, IPs and states are the stand-in's
+_WRITABLE = {
+    "networks": frozenset(("name", "description", "admin_state_up", "shared", "mtu", "tags",
+                           "port_security_enabled", "tenant_id", "project_id")),
+    "subnets": frozenset(("name", "description", "network_id", "cidr", "ip_version",
+                          "gateway_ip", "enable_dhcp", "dns_nameservers", "host_routes", "tags",
+                          "tenant_id", "project_id")),
+    "ports": frozenset(("name", "description", "network_id", "admin_state_up", "device_id",
+                        "device_owner", "binding:host_id", "binding:profile",
+                        "binding:vnic_type", "dns_name", "tags", "security_groups",
+                        "tenant_id", "project_id")),
+}  # fmt: skip
+# fields fixed once created
+_IMMUTABLE = frozenset(("network_id", "cidr", "ip_version", "tenant_id", "project_id"))
+
+
+class Store:
+    """The stand-in's resources, keyed by collection name (``networks``, ``ports`` ...).
+
+    Networks, subnets and ports can be created, updated and deleted (a network with ports, or
+    a subnet with addresses in use, answers 409 as neutron does); the seeded ``private``
+    network and its subnet cannot be deleted. Projects come from the request body (the
+    stand-in does not read tokens)."""
+
+    def __init__(self, seed: str) -> None:
+        self.lock = threading.Lock()
+        self.seed = seed
+        ns = uuid.uuid5(uuid.NAMESPACE_URL, f"scoperouter-lab-network:{seed}")
+        self.network_id = str(uuid.uuid5(ns, "network"))
+        self.subnet_id = str(uuid.uuid5(ns, "subnet"))
+        self.data: dict[str, dict[str, Resource]] = {
+            "networks": {},
+            "subnets": {},
+            "ports": {},
+            "security_groups": {},
+        }
+        self._add_network({"name": NETWORK_NAME, "shared": True}, self.network_id)
+        self._add_subnet(
+            {"name": f"{NETWORK_NAME}-subnet", "network_id": self.network_id,
+             "cidr": SUBNET_CIDR, "ip_version": 4},
+            self.subnet_id,
+        )  # fmt: skip
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def list(self, collection: str, query: Mapping[str, list[str]]) -> list[Resource]:
+        with self.lock:
+            if collection == "security_groups":
+                for project in query.get("tenant_id", []) + query.get("project_id", []):
+                    self._default_group(project)
+            items = list(self.data.get(collection, {}).values())
+        fields = [f for value in query.get("fields", []) for f in value.split(",") if f]
+        for key, wanted in query.items():
+            if key in ("fields", "limit", "marker", "sort_key", "sort_dir", "page_reverse"):
+                continue
+            items = [i for i in items if _matches(i, key, wanted)]
+        return [_project(i, fields) for i in items]
+
+    def show(self, collection: str, ident: str, fields: Iterable[str] = ()) -> Resource:
+        with self.lock:
+            item = self.data.get(collection, {}).get(ident)
+        if item is None:
+            raise NotFound(f"{_singular(collection)} {ident} could not be found")
+        return _project(item, list(fields))
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def create(self, collection: str, body: Resource) -> Resource:
+        add = {"networks": self._add_network, "subnets": self._add_subnet,
+               "ports": self._add_port}[collection]  # fmt: skip
+        with self.lock:
+            return dict(add(body, str(uuid.uuid4())))
+
+    def update(self, collection: str, ident: str, body: Resource) -> Resource:
+        with self.lock:
+            item = self.data[collection].get(ident)
+            if item is None:
+                raise NotFound(f"{_singular(collection)} {ident} could not be found")
+            fixed = sorted(k for k in body if k in _IMMUTABLE and body[k] != item.get(k))
+            if fixed:
+                raise BadRequest(f"cannot update read-only attribute(s) {', '.join(fixed)}")
+            item.update(_writable(collection, body))
+            item["updated_at"] = _now()
+            item["revision_number"] += 1
+            if collection == "ports":
+                _bind(item)
+            return dict(item)
+
+    def delete(self, collection: str, ident: str) -> None:
+        with self.lock:
+            item = self.data[collection].get(ident)
+            if item is None:
+                raise NotFound(f"{_singular(collection)} {ident} could not be found")
+            if ident in (self.network_id, self.subnet_id):
+                raise Forbidden(f"the lab's {item['name']} {_singular(collection)} stays")
+            if collection == "networks":
+                if any(p["network_id"] == ident for p in self.data["ports"].values()):
+                    raise Conflict(
+                        f"Unable to complete operation on network {ident}. There are one or "
+                        "more ports still in use on the network."
+                    )
+                for sid in item["subnets"]:
+                    self.data["subnets"].pop(sid, None)
+            if collection == "subnets":
+                if any(ip["subnet_id"] == ident for p in self.data["ports"].values()
+                       for ip in p["fixed_ips"]):  # fmt: skip
+                    raise Conflict(
+                        f"Unable to complete operation on subnet {ident}: one or more ports "
+                        "have an IP allocation from this subnet."
+                    )
+                net = self.data["networks"].get(item["network_id"])
+                if net is not None:
+                    net["subnets"] = [s for s in net["subnets"] if s != ident]
+            del self.data[collection][ident]
+
+    # -- the resources --------------------------------------------------------------------
+
+    def _base(self, ident: str, body: Resource) -> Resource:
+        project = str(body.get("project_id") or body.get("tenant_id") or "")
+        stamp = _now()
+        return {"id": ident, "name": "", "description": "", "tenant_id": project,
+                "project_id": project, "tags": [], "created_at": stamp, "updated_at": stamp,
+                "revision_number": 1}  # fmt: skip
+
+    def _add_network(self, body: Resource, ident: str) -> Resource:
+        net = {
+            **self._base(ident, body),
+            "status": "ACTIVE", "admin_state_up": True, "shared": False,
+            "router:external": False, "is_default": False, "mtu": 1450,
+            "port_security_enabled": True, "subnets": [], "availability_zones": ["nova"],
+            "availability_zone_hints": [], "ipv4_address_scope": None,
+            "ipv6_address_scope": None, "provider:network_type": "local",
+            "provider:physical_network": None, "provider:segmentation_id": None,
+        }  # fmt: skip
+        net.update(_writable("networks", body))
+        self.data["networks"][ident] = net
+        return net
+
+    def _add_subnet(self, body: Resource, ident: str) -> Resource:
+        net = self._network_of(body)
+        try:
+            cidr = ipaddress.ip_network(str(body.get("cidr")), strict=False)
+        except ValueError:
+            raise BadRequest(f"invalid cidr {body.get('cidr')!r}") from None
+        hosts = cidr.hosts()
+        gateway = str(next(hosts, cidr.network_address))
+        first = str(next(hosts, gateway))
+        last = str(cidr.broadcast_address - 1) if cidr.num_addresses > 2 else first
+        subnet = {
+            **self._base(ident, body),
+            "network_id": net["id"], "ip_version": cidr.version, "cidr": str(cidr),
+            "gateway_ip": gateway, "allocation_pools": [{"start": first, "end": last}],
+            "enable_dhcp": False, "dns_nameservers": [], "host_routes": [],
+            "ipv6_address_mode": None, "ipv6_ra_mode": None, "subnetpool_id": None,
+            "segment_id": None, "service_types": [], "shared": net["shared"],
+        }  # fmt: skip
+        subnet.update(_writable("subnets", body))
+        subnet["cidr"] = str(cidr)
+        self.data["subnets"][ident] = subnet
+        net["subnets"].append(ident)
+        return subnet
+
+    def _add_port(self, body: Resource, ident: str) -> Resource:
+        net = self._network_of(body)
+        project = str(body.get("project_id") or body.get("tenant_id") or "")
+        mac = "fa:16:3e:" + ":".join(f"{b:02x}" for b in uuid.UUID(ident).bytes[:3])
+        fixed = [self._next_ip(net["subnets"][0])] if net["subnets"] else []
+        port = {
+            **self._base(ident, body),
+            "network_id": net["id"], "mac_address": mac, "admin_state_up": True,
+            "status": "DOWN", "device_id": "", "device_owner": "", "fixed_ips": fixed,
+            "security_groups": [self._default_group(project)] if project else [],
+            "allowed_address_pairs": [], "extra_dhcp_opts": [], "port_security_enabled": True,
+            "qos_policy_id": None, "dns_name": "", "binding:host_id": "",
+            "binding:vif_type": "unbound", "binding:vnic_type": "normal",
+            "binding:vif_details": {}, "binding:profile": {},
+        }  # fmt: skip
+        port.update(_writable("ports", body))
+        _bind(port)
+        self.data["ports"][ident] = port
+        return port
+
+    def _network_of(self, body: Resource) -> Resource:
+        network_id = body.get("network_id")
+        if not isinstance(network_id, str) or not network_id:
+            raise BadRequest("network_id is required")
+        net = self.data["networks"].get(network_id)
+        if net is None:
+            raise NotFound(f"network {network_id} could not be found")
+        return net
+
+    def _next_ip(self, subnet_id: str) -> Resource:
+        subnet = self.data["subnets"][subnet_id]
+        pool = subnet["allocation_pools"][0]
+        start = int(ipaddress.ip_address(pool["start"]))
+        end = int(ipaddress.ip_address(pool["end"]))
+        used = {ip["ip_address"] for p in self.data["ports"].values() for ip in p["fixed_ips"]}
+        for number in range(start, min(end, start + 65535) + 1):
+            address = str(ipaddress.ip_address(number))
+            if address not in used:
+                return {"subnet_id": subnet_id, "ip_address": address}
+        raise Conflict(f"No more IP addresses available on network {subnet['network_id']}.")
+
+    def _default_group(self, project: str) -> str:
+        """neutron creates a project's ``default`` security group on first use."""
+        gid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{self.seed}:sg:{project}"))
+        if gid not in self.data["security_groups"]:
+            self.data["security_groups"][gid] = {
+                **self._base(gid, {"project_id": project}),
+                "name": "default", "description": "Default security group",
+                "security_group_rules": [], "stateful": True, "shared": False,
+            }  # fmt: skip
+        return gid
+
+
+def _writable(collection: str, body: Resource) -> Resource:
+    return {k: v for k, v in body.items() if k in _WRITABLE[collection]}
+
+
+def _bind(port: Resource) -> None:
+    """A port bound to a host is ACTIVE with an OVS vif, as neutron's agents would report."""
+    if port.get("binding:host_id"):
+        details = {"port_filter": True, "ovs_hybrid_plug": False}
+        port.update({"status": "ACTIVE", "binding:vif_type": "ovs", "binding:vif_details": details})
+    else:
+        port.update({"status": "DOWN", "binding:vif_type": "unbound", "binding:vif_details": {}})
+
+
+def _project(item: Resource, fields: list[str]) -> Resource:
+    return {k: v for k, v in item.items() if k in fields} if fields else dict(item)
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "scoperouter-lab-network/2"
+    protocol_version = "HTTP/1.1"
+    store: Store  # set on the class made by make_server()
+
+    def _send(self, status: int, body: object | None) -> None:
+        payload = b"" if body is None else json.dumps(body).encode()
+        self.send_response(status)
+        if body is not None:
+            self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(payload)
+        self.close_connection = True
+
+    def _error(self, status: int, kind: str, message: str) -> None:
+        self._send(status, {"NeutronError": {"type": kind, "message": message, "detail": ""}})
+
+    def _host(self) -> str:
+        host, port = self.server.server_address[:2]  # type: ignore[index,str-unpack]
+        return self.headers.get("Host") or f"{host}:{port}"
+
+    def _target(self) -> tuple[str, dict[str, list[str]]]:
+        parts = urlsplit(self.path)
+        return parts.path, parse_qs(parts.query)
+
+    def _body(self, collection: str) -> Resource:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY:
+            raise BadRequest(f"request body over {MAX_BODY} bytes")
+        raw = self.rfile.read(length) if length else b""
+        try:
+            data = json.loads(raw or b"{}")
+        except ValueError:
+            raise BadRequest("the request body is not JSON") from None
+        key = _singular(collection)
+        if not isinstance(data, dict) or not isinstance(data.get(key), dict):
+            raise BadRequest(f"the request body must be an object with a {key!r} object")
+        resource: Resource = data[key]
+        return resource
+
+    def _handle(self, fn: Any) -> None:
+        try:
+            fn()
+        except NotFound as exc:
+            self._error(404, "NotFound", str(exc))
+        except BadRequest as exc:
+            self._error(400, "BadRequest", str(exc))
+        except Conflict as exc:
+            self._error(409, "Conflict", str(exc))
+        except Forbidden as exc:
+            self._error(403, "Forbidden", str(exc))
+
+    def do_GET(self) -> None:
+        self._handle(self._get)
+
+    def _get(self) -> None:
+        path, query = self._target()
+        if path in ("", "/"):
+            link = {"href": f"http://{self._host()}/v2.0/", "rel": "self"}
+            self._send(200, {"versions": [{"id": "v2.0", "status": "CURRENT", "links": [link]}]})
+            return
+        if path.rstrip("/") == "/v2.0":
+            self._send(200, {"resources": []})
+            return
+        m = _COLLECTION.match(path)
+        if m:
+            collection = m.group(1).replace("-", "_")
+            self._send(200, {collection: self.store.list(collection, query)})
+            return
+        m = _ITEM.match(path)
+        if m and m.group(1) == "quotas":
+            self._send(200, {"quota": {k: -1 for k in _QUOTA_KEYS}})
+            return
+        if m:
+            collection = m.group(1).replace("-", "_")
+            fields = [f for v in query.get("fields", []) for f in v.split(",") if f]
+            item = self.store.show(collection, m.group(2), fields)
+            self._send(200, {_singular(collection): item})
+            return
+        self._error(404, "NotFound", f"no resource at {path}")
+
+    do_HEAD = do_GET
+
+    def do_POST(self) -> None:
+        self._handle(self._post)
+
+    def _post(self) -> None:
+        path, _ = self._target()
+        m = _COLLECTION.match(path)
+        collection = m.group(1) if m else ""
+        if collection in _WRITABLE:
+            item = self.store.create(collection, self._body(collection))
+            self._send(201, {_singular(collection): item})
+            return
+        self._read_only()
+
+    def do_PUT(self) -> None:
+        self._handle(self._put)
+
+    def _put(self) -> None:
+        path, _ = self._target()
+        m = _ITEM.match(path)
+        if m and m.group(1) in _WRITABLE:
+            collection = m.group(1)
+            item = self.store.update(collection, m.group(2), self._body(collection))
+            self._send(200, {_singular(collection): item})
+            return
+        self._read_only()
+
+    def do_DELETE(self) -> None:
+        self._handle(self._delete)
+
+    def _delete(self) -> None:
+        path, _ = self._target()
+        m = _ITEM.match(path)
+        if m and m.group(1) in _WRITABLE:
+            self.store.delete(m.group(1), m.group(2))
+            self._send(204, None)
+            return
+        self._read_only()
+
+    def _read_only(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if 0 < length <= MAX_BODY:
+            self.rfile.read(length)
+        self._error(
+            403,
+            "Forbidden",
+            "the lab's network stand-in keeps networks, subnets and ports; "
+            f"{self.command} {self._target()[0]} is not supported",
+        )
+
+    do_PATCH = _read_only
+
+    def log_message(self, fmt: str, *args: object) -> None:
+        sys.stderr.write(f"{self.log_date_time_string()} {fmt % args}\n")
+        sys.stderr.flush()
+
+
+def make_server(host: str, port: int) -> ThreadingHTTPServer:
+    """A stand-in on host:port (not yet serving); its ids derive from the address."""
+    handler = type("BoundHandler", (Handler,), {"store": Store(f"{host}:{port}")})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    return server
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--listen", required=True, help="HOST:PORT to listen on")
+    args = parser.parse_args(argv)
+    host, _, port = args.listen.rpartition(":")
+    server = make_server(host, int(port))
+    sys.stderr.write(f"network stand-in listening on {args.listen}\n")
+    sys.stderr.flush()
+    with contextlib.suppress(KeyboardInterrupt):
+        server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

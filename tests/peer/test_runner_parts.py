@@ -1,0 +1,244 @@
+"""The peer-suite runner's own parts, without a lab: JUnit parsing, the comparison and its
+verdict, the clouds.yaml of each mode, the cleanup's name patterns, the selection. Fast: part of
+the default run."""
+
+from __future__ import annotations
+
+import io
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.peer import cleanup
+from tests.peer.clouds import ConfigMissing, suite_clouds
+from tests.peer.results import Outcome, Status, compare, parse_junit, summarize
+from tests.peer.runner import node_id_of, node_ids, site_root, verdict
+from tests.peer.selection import NOT_RUN, SELECTIONS
+
+TRACEBACK = """NOTE: Incompatible Exception Representation, displaying natively:
+
+testtools.testresult.real._StringException: Traceback (most recent call last):
+  File "x.py", line 3, in test_bad
+    boom()
+    ^^^^^^
+openstack.exceptions.HttpException: 500: Server Error"""
+
+
+def _junit(path: Path) -> None:
+    """A report as pytest --junitxml writes one (testtools failures, a skip, a teardown error)."""
+    suite = ET.Element("testsuite", name="pytest")
+    sdk, osc = "openstack.tests.functional.x.TestA", "openstackclient.tests.functional.y.TestB"
+
+    def case(cls: str, name: str, seconds: str, child: str = "", message: str = "") -> None:
+        tc = ET.SubElement(suite, "testcase", classname=cls, name=name, time=seconds)
+        if child:
+            ET.SubElement(tc, child, message=message).text = "details"
+
+    case(sdk, "test_ok", "0.5")
+    case(sdk, "test_bad", "1.0", "failure", "Failed: " + TRACEBACK)
+    case(sdk, "test_skip", "0", "skipped", "block-storage service not supported by cloud")
+    case(osc, "test_teardown", "2")
+    case(osc, "test_teardown", "1", "error", "tempest.lib.exceptions.CommandFailed: exit 1")
+    root = ET.Element("testsuites")
+    root.append(suite)
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def test_parse_junit(tmp_path: Path) -> None:
+    path = tmp_path / "r.xml"
+    _junit(path)
+    res = parse_junit(path)
+    assert res["openstack.tests.functional.x.TestA.test_ok"] == Outcome(Status.PASSED, "", 0.5)
+    bad = res["openstack.tests.functional.x.TestA.test_bad"]
+    assert bad.status is Status.FAILED
+    assert bad.message == "openstack.exceptions.HttpException: 500: Server Error"
+    skip = res["openstack.tests.functional.x.TestA.test_skip"]
+    assert (skip.status, skip.message) == (
+        Status.SKIPPED,
+        "block-storage service not supported by cloud",
+    )
+    # a passing call reported again with an erroring teardown: the worst wins, times add up
+    td = res["openstackclient.tests.functional.y.TestB.test_teardown"]
+    assert (td.status, td.seconds) == (Status.FAILED, 3.0)
+    s = summarize(res)
+    assert (s.passed, s.failed, s.skipped, s.run) == (1, 2, 1, 3)
+
+
+def _o(status: Status) -> Outcome:
+    return Outcome(status, f"why {status}")
+
+
+P, F, S = Status.PASSED, Status.FAILED, Status.SKIPPED
+
+
+def test_comparison_finds_regressions_and_differences() -> None:
+    by_mode = {
+        "direct": {"t.same": _o(P), "t.broken": _o(P), "t.lost": _o(P), "t.lab": _o(F),
+                   "t.fixed": _o(F), "t.skip": _o(S)},
+        "router": {"t.same": _o(P), "t.broken": _o(P), "t.lab": _o(F), "t.fixed": _o(P),
+                   "t.skip": _o(P)},
+        "scoped": {"t.same": _o(P), "t.broken": _o(F), "t.lost": _o(P), "t.lab": _o(F),
+                   "t.fixed": _o(F), "t.skip": _o(S)},
+    }  # fmt: skip
+    comp = compare(by_mode, ["direct", "router", "scoped"])
+    assert comp.regressions() == {"t.broken": ["scoped"], "t.lost": ["router"]}
+    assert comp.status("t.lost", "router") is Status.MISSING
+    assert comp.differences() == ["t.broken", "t.fixed", "t.lost", "t.skip"]
+    assert comp.failing_everywhere() == ["t.lab"]
+    out = io.StringIO()
+    assert verdict(comp, by_mode, {"direct": 1, "router": 1, "scoped": 1}, out) == 1
+    text = out.getvalue()
+    assert "fails in (c) scoped: t.broken" in text and "fails in (b) router: t.lost" in text
+
+
+def test_verdict_refuses_an_empty_or_aborted_mode() -> None:
+    by_mode = {"direct": {"t.a": _o(P)}, "router": {"t.a": _o(S)}, "scoped": {"t.a": _o(P)}}
+    comp = compare(by_mode, ["direct", "router", "scoped"])
+    assert comp.regressions() == {}  # skipped is not failed ...
+    out = io.StringIO()
+    assert verdict(comp, by_mode, {"direct": 0, "router": 0, "scoped": 2}, out) == 1
+    assert "(b) router ran no test" in out.getvalue()  # ... but a mode that ran nothing fails
+    assert "(c) scoped: pytest exit 2" in out.getvalue()
+    good = {m: {"t.a": _o(P)} for m in ("direct", "router", "scoped")}
+    assert verdict(compare(good, list(good)), good, dict.fromkeys(good, 0), io.StringIO()) == 0
+
+
+LAB_CLOUDS: dict[str, Any] = {
+    "cloudone": {"auth": {"auth_url": "http://127.0.0.2:5000/v3", "username": "demo",
+                          "password": "d", "project_name": "demo",
+                          "user_domain_name": "Default", "project_domain_name": "Default"},
+                 "region_name": "CloudOne", "interface": "public", "identity_api_version": 3},
+    "cloudone-alt": {"auth": {"auth_url": "http://127.0.0.2:5000/v3", "username": "alt_demo",
+                              "password": "l", "project_name": "alt_demo"},
+                     "region_name": "CloudOne"},
+    "cloudone-admin": {"auth": {"auth_url": "http://127.0.0.2:5000/v3", "username": "admin",
+                                "password": "a", "project_name": "admin",
+                                "project_domain_name": "Default"},
+                       "region_name": "CloudOne"},
+}  # fmt: skip
+FEDERATION: dict[str, Any] = {
+    "clouds": {
+        "CloudOne": {
+            "services": {
+                "identity": {"public": {"url": "http://127.0.0.2:5000/v3",
+                                        "backend": "http://127.0.1.2:5000/v3"}},
+                "object-store": {"public": {"url": "http://127.0.0.2:8080",
+                                            "backend": "http://127.0.1.2:8080"}},
+            }
+        }
+    }
+}  # fmt: skip
+SCOPE = {"image": "CloudTwo"}
+
+
+def test_router_mode_is_the_lab_entries_under_devstack_names() -> None:
+    clouds = suite_clouds(LAB_CLOUDS, FEDERATION, "CloudOne", "router", SCOPE)
+    assert set(clouds) == {"devstack", "devstack-alt", "devstack-admin", "devstack-system-admin"}
+    assert clouds["devstack"] == LAB_CLOUDS["cloudone"]
+    assert clouds["devstack-alt"]["auth"]["username"] == "alt_demo"
+    system = clouds["devstack-system-admin"]["auth"]
+    assert system["system_scope"] == "all" and "project_name" not in system
+    assert "project_domain_name" not in system
+    assert LAB_CLOUDS["cloudone-admin"]["auth"]["project_name"] == "admin"  # not mutated
+
+
+def test_direct_mode_overrides_every_routed_endpoint_with_its_backend() -> None:
+    clouds = suite_clouds(LAB_CLOUDS, FEDERATION, "CloudOne", "direct", SCOPE)
+    for entry in clouds.values():
+        assert entry["auth"]["auth_url"] == "http://127.0.1.2:5000/v3"
+        assert entry["identity_endpoint_override"] == "http://127.0.1.2:5000/v3"
+        assert entry["object_store_endpoint_override"] == "http://127.0.1.2:8080"
+        assert "scope" not in entry
+    yaml.safe_dump(clouds)
+
+
+def test_scoped_mode_adds_the_scope_and_the_sdk_hook() -> None:
+    clouds = suite_clouds(LAB_CLOUDS, FEDERATION, "CloudOne", "scoped", SCOPE)
+    for entry in clouds.values():
+        assert entry["scope"] == SCOPE
+        assert entry["vendor_hook"] == "scoperouter.client:connection_hook"
+        assert entry["auth"]["auth_url"] == "http://127.0.0.2:5000/v3"
+
+
+def test_an_old_lab_is_named_not_crashed_on() -> None:
+    lab = {k: v for k, v in LAB_CLOUDS.items() if k != "cloudone-alt"}
+    with pytest.raises(ConfigMissing, match="cloudone-alt"):
+        suite_clouds(lab, FEDERATION, "CloudOne", "router", SCOPE)
+    with pytest.raises(ConfigMissing, match="CloudNine"):
+        suite_clouds(LAB_CLOUDS, FEDERATION, "CloudNine", "direct", SCOPE)
+    with pytest.raises(ValueError, match="unknown mode"):
+        suite_clouds(LAB_CLOUDS, FEDERATION, "CloudOne", "sideways", SCOPE)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "project-1763901234-0123456789abcdef0123456789abcdef",  # openstacksdk getUniqueString
+        "1763901234-0123456789abcdef0123456789abcdef",
+        "tempest-TestDomain-1234567",  # tempest rand_name (python-openstackclient)
+        "tempest-123",
+        "0123456789abcdef0123456789abcdef",  # uuid4().hex
+        "CUSTOM_0123456789ABCDEF0123456789ABCDEF",
+        "test_abcde",
+        "test_abcde_create",
+        "Test Image",
+    ],
+)
+def test_cleanup_matches_the_suites_names(name: str) -> None:
+    assert cleanup.leaked(name)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        None, "", "demo", "alt_demo", "admin", "service", "tiny", "cirros-0.6.3-x86_64-disk",
+        "m1.tiny", "cirros256", "private", "cloudone-compute", "scoperouter",
+        "osb-1763901234-project", "osb0123456789abcdef0123456789abcdef",
+        "e2e-0123abcd", "e2e-0123456789abcdef0123456789abcdef", "peer-auto", "test_abc",
+        "test_abcdef", "tempest", "CUSTOM_MAGIC", "0123456789abcdef0123456789abcdeg",
+    ],
+)  # fmt: skip
+def test_cleanup_never_matches_other_names(name: str | None) -> None:
+    """The lab's seed data and other users' resources (osb..., e2e-..., peer-...) are safe."""
+    assert not cleanup.leaked(name)
+
+
+def test_cleanup_deletes_only_what_matches() -> None:
+    class Thing:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    deleted: list[str] = []
+    report = cleanup.Report()
+    things = [Thing("demo"), Thing("tempest-TestRole-42"), Thing("e2e-x"), Thing("x" * 3)]
+    cleanup._sweep(report, "roles", lambda: things, lambda t: deleted.append(t.name))
+    assert deleted == ["tempest-TestRole-42"]
+    assert report.line() == "1 roles"
+
+    def refuse(_: object) -> None:
+        raise RuntimeError("409 in use")
+
+    cleanup._sweep(report, "roles", lambda: things, refuse)
+    assert "could not be deleted" in report.line() and "409 in use" in report.errors[0]
+
+
+def test_every_selection_names_installed_tests() -> None:
+    """A renamed upstream module must not turn the run silently empty: every selected module
+    exists in the installed packages, and node ids map back from test ids."""
+    root = site_root()
+    for name, groups in SELECTIONS.items():
+        ids = node_ids(groups, root)
+        assert ids, name
+        for nid in ids:
+            assert (root / nid.split("::")[0]).exists(), nid
+    for nid in NOT_RUN:
+        path, _cls, test = nid.split("::")
+        assert f"def {test}(" in (root / path).read_text(), nid
+    tid = "openstack.tests.functional.cloud.test_compute.TestCompute.test_list_all_servers"
+    assert node_id_of(tid, root) == (
+        "openstack/tests/functional/cloud/test_compute.py::TestCompute::test_list_all_servers"
+    )
+    assert node_id_of("no.such.module.Test.test", root) is None
