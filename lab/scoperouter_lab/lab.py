@@ -317,7 +317,7 @@ class Lab:
     def _check_federation(self) -> None:
         """The router's own loader must accept what the lab generated (the contract)."""
         try:
-            from scoperouter.catalog import load_catalog
+            from scoperouter.config import load_catalog
             from scoperouter.errors import ConfigError
         except ImportError:  # a trimmed install without the router core
             return
