@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scoperouter.broker.services.base import Capacity
-from scoperouter.scope import Cloud, Scope, ScopeError
+from scoperouter.scope import CloudName, Scope, ScopeError
 
 VCPU = "VCPU"
 MEMORY_MB = "MEMORY_MB"
@@ -109,7 +109,7 @@ class Scoped:
     @property
     def cloud(self) -> str:
         expr = self.scope["compute"]
-        assert isinstance(expr, Cloud)  # parse_where guarantees it
+        assert isinstance(expr, CloudName)  # parse_where guarantees it
         return expr.name
 
 
@@ -161,7 +161,7 @@ def parse_where(where: Mapping[str, Any] | None, clouds: tuple[str, ...]) -> Str
             "where.scope", 'must name the compute cloud, e.g. {"compute": "CloudOne", ...}'
         )
     for service_type, expr in scope.items():
-        if not isinstance(expr, Cloud):
+        if not isinstance(expr, CloudName):
             raise PlacementError(
                 f"where.scope.{service_type}", "expected one cloud name (fan-out cannot be placed)"
             )

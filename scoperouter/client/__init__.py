@@ -55,7 +55,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from scoperouter.scope import (
-    Cloud,
+    CloudName,
     Expr,
     Scope,
     ScopeError,
@@ -213,7 +213,7 @@ def scope_auth(auth: Any, scope: Scope | str, default_cloud: str | None = None) 
     if isinstance(scope, str):
         scope = Scope.parse(scope)
     identity = scope.get("identity")
-    if default_cloud is not None and identity is not None and identity != Cloud(default_cloud):
+    if default_cloud is not None and identity is not None and identity != CloudName(default_cloud):
         # The token comes from the cloud the user authenticates with; keystone anywhere else
         # would answer an opaque 401 for every request. Say so before sending anything.
         raise ScopeError(

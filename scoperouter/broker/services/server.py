@@ -62,7 +62,7 @@ from scoperouter.broker.services.base import (
     Service,
 )
 from scoperouter.broker.services.project import DRAFT4, stable_id
-from scoperouter.scope import Cloud, Scope
+from scoperouter.scope import CloudName, Scope
 
 if TYPE_CHECKING:
     from openstack.connection import Connection
@@ -715,7 +715,7 @@ def _get_server(conn: Connection, server_id: str) -> Any | None:
 def _cloud_of(scope: Scope, service_type: str, default: str) -> str:
     """The cloud a scope names for `service_type` (a single cloud: parse_where checked it)."""
     expr = scope.get(service_type)
-    return expr.name if isinstance(expr, Cloud) else default
+    return expr.name if isinstance(expr, CloudName) else default
 
 
 def _scope_json(**entries: str) -> str:
