@@ -194,7 +194,7 @@ def decide(facts: RequestFacts, catalog: Catalog, local_cloud: str) -> Decision:
     target = expr.name
     interface = endpoint.interface
 
-    set_headers = {**base_headers, SCOPE_HEADER: prepared.json}
+    set_headers = {SCOPE_HEADER: prepared.json, **base_headers}
     if token is not None:
         set_headers[AUTH_TOKEN] = (
             token if service_type == IDENTITY else f"{token}{SCOPE_SEPARATOR}{prepared.json}"

@@ -78,6 +78,7 @@ from scoperouter.catalog import Limits
 from scoperouter.errors import error_body, status_title
 
 logger = logging.getLogger("scoperouter")
+_access = logging.getLogger("scoperouter.access")
 
 MITMPROXY_VERSION = "11.0.2"
 """The version every item here was written against (the contract test checks it)."""
@@ -122,7 +123,10 @@ def error_page(status: int, message: str) -> bytes:
 
 
 def render_error(status_code: int, message: str = "") -> bytes:
-    """Drop-in replacement for ``_http1.make_error_response``: an OpenStack JSON error."""
+    """Drop-in replacement for ``_http1.make_error_response``: an OpenStack JSON error.
+
+    An error mitmproxy answers before any hook saw the request (e.g. a forward-proxy request
+    without a host) is logged here, so that every answer has its access line."""
     try:
         status, text = status_code, message
         pending = _pending.get()
@@ -130,6 +134,12 @@ def render_error(status_code: int, message: str = "") -> bytes:
             pending.used = True
             status = pending.status or status_code
             text = pending.text
+        else:
+            _access.info(
+                "- - %s",
+                status,
+                extra={"fields": {"status": status, "decision": "refused", "reason": text[:160]}},
+            )
         return error_page(status, text or "the router could not complete the request")
     except Exception:  # pragma: no cover - an error page must always come out
         logger.exception("rendering an error response failed")

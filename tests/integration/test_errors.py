@@ -251,3 +251,16 @@ def test_a_backend_loop_stops_with_508_within_hop_limit(
     entries = [e for r in routers for e in r.wait_for_access(path="/v2/images")]
     assert len(entries) == 5, entries
     assert len({e["request_id"] for e in entries}) == 1  # one request id along the loop
+
+
+def test_answers_mitmproxy_makes_itself_are_json_and_logged(
+    federation: Federation, one: Router
+) -> None:
+    """A forward-proxy request in origin form without a host is refused before any hook runs."""
+    host, port = federation.proxies["CloudOne"].removeprefix("http://").split(":")
+    reply = raw_exchange(host, int(port), b"GET /no-host HTTP/1.1\r\n\r\n")
+    message = assert_json_error(reply, 400, "no host header")
+    deadline = time.monotonic() + 10
+    while not any(e.get("reason", "").startswith(message[:30]) for e in one.access()):
+        assert time.monotonic() < deadline, one.log_text()[-2000:]
+        time.sleep(0.1)

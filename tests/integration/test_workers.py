@@ -46,8 +46,7 @@ class Pool:
         os.replace(tmp, self.config)
 
 
-@pytest.fixture
-def pool(tmp_path: Path) -> Iterator[Pool]:
+def _pool(tmp_path: Path) -> Iterator[Pool]:
     backends = {n: EchoBackend("127.0.1.25", name=n).start() for n in ("old", "new")}
     port = free_port(HOST)
     setup = Pool(
@@ -64,6 +63,18 @@ def pool(tmp_path: Path) -> Iterator[Pool]:
         stop_all([setup.router])
         for backend in backends.values():
             backend.stop()
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+    """One router for the tests that leave it serving (the start of two workers is slow)."""
+    yield from _pool(tmp_path_factory.mktemp("workers"))
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Iterator[Pool]:
+    """A router of its own, for the tests that stop it."""
+    yield from _pool(tmp_path)
 
 
 @dataclass
@@ -105,15 +116,16 @@ def new_connection_request(pool: Pool, path: str = "/v2/images") -> str:
     return str(reply.json()["backend"])
 
 
-def test_workers_share_the_port(pool: Pool) -> None:
-    assert len(pool.workers()) == 2
+def test_workers_share_the_port(shared: Pool) -> None:
+    assert len(shared.workers()) == 2
     for _ in range(60):
-        new_connection_request(pool)
-    pids = {entry["pid"] for entry in pool.router.wait_for_access(count=60)}
-    assert pids == {p.pid for p in pool.workers()}
+        new_connection_request(shared)
+    pids = {entry["pid"] for entry in shared.router.wait_for_access(count=60)}
+    assert pids == {p.pid for p in shared.workers()}
 
 
-def test_sigkill_of_a_worker_loses_only_its_requests_in_flight(pool: Pool) -> None:
+def test_sigkill_of_a_worker_loses_only_its_requests_in_flight(shared: Pool) -> None:
+    pool = shared
     victim, survivor = pool.workers()
     slow: list[str | Exception] = []
 
@@ -147,7 +159,9 @@ def test_sigkill_of_a_worker_loses_only_its_requests_in_flight(pool: Pool) -> No
     assert survivor.pid in new_pids and victim.pid not in new_pids
 
 
-def test_sighup_under_load_drops_nothing(pool: Pool) -> None:
+def test_sighup_under_load_drops_nothing(shared: Pool) -> None:
+    pool = shared
+
     def keep_alive_requests() -> str:
         conn = http.client.HTTPConnection(HOST, pool.port, timeout=10)
         try:
