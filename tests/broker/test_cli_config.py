@@ -36,8 +36,9 @@ def test_the_sample_config_loads_and_builds_the_catalog() -> None:
     assert config.database_url({}).startswith("sqlite:////")  # relative to the file
     broker = Broker(config, secrets=Secrets([generate_key()]))
     try:
-        [entry] = broker.offerings.values()
-        assert entry.name == "openstack-project"
+        by_name = {entry.name: entry for entry in broker.offerings.values()}
+        assert set(by_name) == {"openstack-project", "openstack-server", "openstack-image"}
+        entry = by_name["openstack-project"]
         assert [p.name for p in entry.plans] == ["standard", "cloudtwo"]
         schema = entry.plans[0].schemas.instance_create
         assert schema is not None

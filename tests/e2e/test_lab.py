@@ -53,6 +53,8 @@ def test_catalog_endpoints_are_router_frontends(lab):
         types = {r["Service Type"] for r in rows}
         assert {"identity", "image", "compute", "placement", "network"} <= types
         for row in rows:
+            if row["Service Type"] not in SERVICE_PORTS:
+                continue  # not the lab's: e.g. a service OpenStack's own suites create
             assert row["Region"] == cloud.name
             port, path = SERVICE_PORTS[row["Service Type"]]
             assert row["URL"] == f"http://{cloud.front_ip}:{port}{path}", row

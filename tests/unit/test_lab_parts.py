@@ -373,3 +373,18 @@ def test_scoperouter_lab_without_the_lab_package_says_how_to_get_it(monkeypatch,
     assert cli.main(["lab", "up", "--clouds", "2"]) == 1
     err = capsys.readouterr().err
     assert "the lab is not installed" in err and "pip install -e ./lab" in err
+
+
+def test_cell0_is_mapped_from_a_config_file_not_a_command_line(tmp_path: Path):
+    """nova-manage maps cell0 to `[database] connection` + "_cell0": the short-lived config
+    file names the database whose "_cell0" twin is the lab's cell0 database, so the database
+    URL (and its password) never appears on a command line, which the setup log records."""
+    import configparser
+
+    from scoperouter_lab import templates as T
+    from scoperouter_lab.layout import LabPaths
+
+    ctx = T.CloudContext(CloudSpec(1), LabPaths(tmp_path), SECRETS, routed=True)
+    conf = configparser.ConfigParser()
+    conf.read_string(T.nova_cell0_map_conf(ctx))
+    assert conf["database"]["connection"] + "_cell0" == ctx.db_url("nova_cell0")
