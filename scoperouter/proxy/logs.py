@@ -147,3 +147,6 @@ def setup(level: str, fmt: str, cloud: str | None = None, worker: int | None = N
     if logging.getLogger("scoperouter").getEffectiveLevel() >= logging.INFO:
         # One line per request is ours; mitmproxy's connection chatter only with DEBUG.
         logging.getLogger("mitmproxy").setLevel(logging.WARNING)
+    # mitmproxy's addon package imports passlib (for an addon the router does not load), which
+    # warns with a traceback about the bcrypt version it finds: harmless, and alarming.
+    logging.getLogger("passlib").setLevel(logging.ERROR)
