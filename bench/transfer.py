@@ -165,8 +165,13 @@ def measure(
             except ValueError:
                 answer = {}
             got = answer.get("body_bytes")
-            ok = got == size and answer.get("cloud") == expect_cloud and not answer.get("hops")
-            detail = f"backend {answer.get('cloud')} received {got} bytes"
+            # Through routers the backend sees the hop count: two routers crossed.
+            hops = None if label == "direct" else "2"
+            ok = got == size and answer.get("cloud") == expect_cloud and answer.get("hops") == hops
+            detail = (
+                f"backend {answer.get('cloud')} received {got} bytes, "
+                f"X-Scope-Hops {answer.get('hops')!r} (expected {hops!r})"
+            )
         else:
             seconds, got = download(host, port, f"/v2/images/bench/blob/{size}", headers, size)
             ok = got == size
