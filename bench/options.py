@@ -44,7 +44,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--router-workers",
         type=int,
         default=2,
-        help="worker processes per router (scoperouter serve --workers)",
+        help="worker processes per router (scoperouter serve --workers; 0: do not pass the "
+        "option, for a router from before it)",
     )
     parser.add_argument(
         "--no-log-cost",

@@ -109,10 +109,13 @@ class Bench:
         flags = self.args.router_python_flags.split()
         argv = [sys.executable, *flags, "-m", "scoperouter.cli", "serve"]
         argv += ["--config", str(self.config), "--cloud", name]
-        return [*argv, "--workers", str(self.args.router_workers), "--log-level", log_level]
+        if self.args.router_workers:  # 0: a router from before --workers (one process)
+            argv += ["--workers", str(self.args.router_workers)]
+        return [*argv, "--log-level", log_level]
 
     def start_router(self, name: str, log_level: str) -> None:
-        say(f"starting the router of {name} ({self.args.router_workers} workers, {log_level})")
+        workers = self.args.router_workers or 1
+        say(f"starting the router of {name} ({workers} worker(s), {log_level})")
         proc = self.procs.start(
             f"router-{name}-{log_level.lower()}", self.router_argv(name, log_level), self._sub_env()
         )

@@ -1,0 +1,107 @@
+"""``python -m bench.ab --baseline DIR``: this checkout's router against another, alternating.
+
+On a shared machine absolute figures drift by tens of percent between minutes; two routers
+measured in alternation, round after round, on the same backend, load generator and ports, drift
+together. Each round restarts CloudOne's router as the baseline (``DIR/scoperouter``, e.g. an
+older commit: ``git archive <commit> scoperouter | tar -x -C DIR``), measures the one-router
+point, then the same with this checkout; the medians of the rounds are compared. A baseline
+that has no ``--workers`` option (before issue 12) is run as one process.
+
+    python -m bench.ab --baseline /tmp/old --connections 1 --rounds 5
+    python -m bench.ab --baseline /tmp/old --connections 50 --rounds 3 --workers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.procs import BenchError
+from bench.run import Bench, say
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.split("\n")[0])
+    parser.add_argument("--baseline", required=True, metavar="DIR", help="DIR/scoperouter")
+    parser.add_argument("--connections", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--workers", type=int, default=1, help="this checkout's --workers")
+    return parser.parse_args(argv)
+
+
+def has_workers_option(baseline: Path) -> bool:
+    return "--workers" in (baseline / "scoperouter" / "cli.py").read_text()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    baseline = Path(args.baseline).resolve()
+    if not (baseline / "scoperouter").is_dir():
+        print(f"no scoperouter package in {baseline}", file=sys.stderr)
+        return 2
+    from bench.options import parse_args as bench_args
+
+    options = bench_args(
+        [
+            "--duration", str(args.duration),
+            "--connections", str(args.connections),
+            "--router-workers", str(args.workers),
+            "--quiet-wait", "10",
+        ]
+    )  # fmt: skip
+    bench = Bench(options)
+    variants: dict[str, tuple[Path | None, int]] = {
+        "baseline": (baseline, args.workers if has_workers_option(baseline) else 0),
+        "this": (None, args.workers),
+    }
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+    try:
+        bench.choose_tools()
+        bench.start_federation()
+        for round_ in range(args.rounds):
+            for name, (path, workers) in variants.items():
+                bench.stop_router("CloudOne")
+                bench.args.router_pythonpath = str(path) if path else None
+                bench.args.router_workers = workers
+                bench.start_router("CloudOne", "WARNING")
+                row = bench.measure("one router", args.connections)
+                rows[name].append(row)
+                say(f"round {round_ + 1}, {name}: {row['rps']:,.0f} req/s")
+    except (BenchError, subprocess.SubprocessError) as exc:
+        say(f"error: {exc}")
+        return 1
+    finally:
+        bench.cleanup()
+    print(report(rows, args))
+    return 0
+
+
+def report(rows: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> str:
+    def median(name: str, key: str) -> float:
+        values = [row[key] for row in rows[name]]
+        if key == "router_cpu_us_per_req":
+            values = [row[key]["CloudOne"] for row in rows[name]]
+        return statistics.median(values)
+
+    lines = [
+        f"one router, {args.connections} connection(s), {args.rounds} alternating rounds of "
+        f"{args.duration:g} s (medians)",
+        f"{'':28}{'baseline':>12}{'this':>12}{'ratio':>9}",
+    ]
+    for label, key in (
+        ("req/s", "rps"),
+        ("p50 ms", "p50_ms"),
+        ("router CPU us/req", "router_cpu_us_per_req"),
+    ):
+        base, this = median("baseline", key), median("this", key)
+        lines.append(f"{label:28}{base:12,.3f}{this:12,.3f}{this / base:9.2f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
