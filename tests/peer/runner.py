@@ -500,16 +500,16 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     if unknown or not modes:
         out.write(f"unknown mode(s) {', '.join(unknown)}; modes: {', '.join(MODES)}\n")
         return 2
-    missing = [m for m in PEER_MODULES if importlib.util.find_spec(m) is None]
-    if missing:
-        out.write(f"missing {', '.join(missing)}: install the peer extra, "
-                  "pip install -e '.[peer]'\n")  # fmt: skip
-        return 2
     root = site_root()
     ids = node_ids(SELECTIONS[args.selection], root)
     if args.list:
         out.write("\n".join(ids) + "\n")
         return 0
+    missing = [m for m in PEER_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        out.write(f"missing {', '.join(missing)}: install the peer extra, "
+                  "pip install -e '.[peer]'\n")  # fmt: skip
+        return 2
 
     lab = Lab(Path(args.lab_dir).expanduser() if args.lab_dir else default_dir())
     if args.cleanup_only:

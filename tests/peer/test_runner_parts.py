@@ -15,7 +15,7 @@ import yaml
 from tests.peer import cleanup
 from tests.peer.clouds import ConfigMissing, suite_clouds
 from tests.peer.results import Outcome, Status, compare, parse_junit, summarize
-from tests.peer.runner import node_id_of, node_ids, site_root, verdict
+from tests.peer.runner import main, node_id_of, node_ids, site_root, verdict
 from tests.peer.selection import NOT_RUN, SELECTIONS
 
 TRACEBACK = """NOTE: Incompatible Exception Representation, displaying natively:
@@ -242,3 +242,17 @@ def test_every_selection_names_installed_tests() -> None:
         "openstack/tests/functional/cloud/test_compute.py::TestCompute::test_list_all_servers"
     )
     assert node_id_of("no.such.module.Test.test", root) is None
+
+
+def test_cli_lists_the_selection_and_refuses_unknown_modes() -> None:
+    out = io.StringIO()
+    assert main(["--list", "--selection", "ci"], out=out) == 0
+    listed = out.getvalue().split()
+    assert "openstack/tests/functional/identity" in listed
+    assert any(i.startswith("openstackclient/tests/functional/") for i in listed)
+    out = io.StringIO()
+    assert main(["--modes", "direct,sideways"], out=out) == 2
+    assert "unknown mode(s) sideways" in out.getvalue()
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"], out=io.StringIO())
+    assert exc.value.code == 0
