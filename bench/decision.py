@@ -17,7 +17,8 @@ import timeit
 from dataclasses import asdict, dataclass
 
 from bench.federation import SERVICE_PORTS, cloud_name, synthetic
-from scoperouter.catalog import Catalog, build_catalog
+from scoperouter.catalog import Catalog
+from scoperouter.config import build_catalog
 from scoperouter.errors import Reject
 from scoperouter.routing import Forward, RequestFacts, decide
 
@@ -61,13 +62,13 @@ def _facts(cloud: str, scope_text: str | None, service: str = "image") -> Reques
         headers["x-auth-token"] = f"{TOKEN}!SCOPE!{scope_text}"
         headers["x-scope"] = scope_text
     return RequestFacts(
-        "GET",
-        "http",
-        f"router.{cloud.lower()}.example",
-        port,
-        f"{path}/v2/images?limit=20",
-        headers,
-        "reverse",
+        method="GET",
+        scheme="http",
+        host=f"router.{cloud.lower()}.example",
+        port=port,
+        path=f"{path}/v2/images?limit=20",
+        headers=headers,
+        mode="reverse",
     )
 
 

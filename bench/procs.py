@@ -176,3 +176,18 @@ def rss_mb(pid: int) -> float:
         return total / 2**20
     except psutil.Error:
         return float("nan")
+
+
+def rss_max_mb(pid: int) -> float:
+    """The largest resident memory among a process and its children (one router process), MiB."""
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return float("nan")
+    sizes = []
+    for proc in procs:
+        try:
+            sizes.append(proc.memory_info().rss)
+        except psutil.Error:
+            continue
+    return max(sizes, default=0) / 2**20

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import psutil
@@ -15,7 +16,7 @@ import pytest
 
 from bench import backend, decision, federation, load, transfer
 from bench.procs import Processes, free_port, rss_mb
-from scoperouter.catalog import build_catalog, load_catalog
+from scoperouter.config import build_catalog, load_catalog
 from scoperouter.routing import Forward, RequestFacts, decide
 
 WRK_OUTPUT = """\
@@ -87,6 +88,14 @@ def _addresses() -> list[federation.CloudAddresses]:
     ]
 
 
+def _facts(
+    method: str, host: str, port: int, path: str, headers: Mapping[str, str]
+) -> RequestFacts:
+    return RequestFacts(
+        method=method, scheme="http", host=host, port=port, path=path, headers=dict(headers)
+    )
+
+
 def test_two_clouds_config_routes_as_the_bench_expects(tmp_path: Path) -> None:
     addresses = _addresses()
     path = federation.write_config(federation.two_clouds(addresses), tmp_path / "f.yaml")
@@ -94,22 +103,18 @@ def test_two_clouds_config_routes_as_the_bench_expects(tmp_path: Path) -> None:
     one, two = addresses
     scope = json.dumps({"image": "CloudTwo"})
     headers = {"x-auth-token": f"tok!SCOPE!{scope}", "x-scope": scope}
-    facts = RequestFacts("GET", "http", one.router_host, one.image_port, "/v2/images", headers)
+    facts = _facts("GET", one.router_host, one.image_port, "/v2/images", headers)
     first = decide(facts, catalog, "CloudOne")
     assert isinstance(first, Forward) and first.remote
     assert first.url == f"http://{two.router_host}:{two.image_port}/v2/images"
     # ... and CloudTwo's router, receiving what CloudOne's sends, delivers to its backend.
-    facts2 = RequestFacts(
-        "GET", "http", two.router_host, two.image_port, "/v2/images", dict(first.set_headers)
-    )
+    facts2 = _facts("GET", two.router_host, two.image_port, "/v2/images", first.set_headers)
     second = decide(facts2, catalog, "CloudTwo")
     assert isinstance(second, Forward) and not second.remote
     assert second.url == f"http://{two.backend_host}:{two.small_port}/v2/images"
     # The large bodies go to the object-store backend (bench.httpserver).
     scope = json.dumps({"object-store": "CloudTwo"})
-    facts3 = RequestFacts(
-        "PUT", "http", one.router_host, one.object_port, "/v1/AUTH_x/c/o", {"x-scope": scope}
-    )
+    facts3 = _facts("PUT", one.router_host, one.object_port, "/v1/AUTH_x/c/o", {"x-scope": scope})
     third = decide(facts3, catalog, "CloudOne")
     assert isinstance(third, Forward) and third.url.endswith(f":{two.object_port}/v1/AUTH_x/c/o")
 

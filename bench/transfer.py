@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
-from bench.procs import BenchError, rss_mb
+from bench.procs import BenchError, rss_max_mb
 
 BLOCK = memoryview(bytes(range(256)) * 4096)  # 1 MiB
 
@@ -37,7 +37,7 @@ class RssSampler:
     def __init__(self, pids: dict[str, int], interval: float = 0.01) -> None:
         self.pids = pids
         self.interval = interval
-        self.before = {name: rss_mb(pid) for name, pid in pids.items()}
+        self.before = {name: rss_max_mb(pid) for name, pid in pids.items()}
         self.peak = dict(self.before)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss sampler", daemon=True)
@@ -45,7 +45,7 @@ class RssSampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             for name, pid in self.pids.items():
-                value = rss_mb(pid)
+                value = rss_max_mb(pid)
                 if value > self.peak.get(name, 0.0):
                     self.peak[name] = value
             self._stop.wait(self.interval)
@@ -58,7 +58,7 @@ class RssSampler:
         self._stop.set()
         self._thread.join()
         for name, pid in self.pids.items():  # one last sample after the transfer
-            self.peak[name] = max(self.peak.get(name, 0.0), rss_mb(pid))
+            self.peak[name] = max(self.peak.get(name, 0.0), rss_max_mb(pid))
 
 
 def _read_head(sock: socket.socket, buf: bytearray) -> tuple[int, dict[str, str], bytearray]:

@@ -9,22 +9,17 @@ grow with the number of clouds:
   cost is the path depth, not the catalog size.
 * ``endpoint(cloud, service_type, interface)``: where to send a request for another cloud.
 
-The YAML format (see ``config/federation.yaml`` and docs/design.md) is one row per keystone
-endpoint (service type, interface, url, region) plus the backend the router forwards to, so a
-config can be generated from ``openstack endpoint list`` output.
+Reading and validating the YAML file that describes a federation is :mod:`scoperouter.config`;
+this module is the model it builds, with no I/O.
 """
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
-
-import yaml
 
 from scoperouter.errors import ConfigError
 
@@ -105,25 +100,92 @@ class Frontend:
     key: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Cloud:
+    """A member of the federation: its router's listeners and the services behind it."""
+
     name: str
     region: str
     frontends: tuple[Frontend, ...]
-    proxy_listen: tuple[str, int] | None
     endpoints: tuple[Endpoint, ...]
+    proxy_listen: tuple[str, int] | None = None  # forward proxy (the services' HTTP_PROXY)
+    metrics_listen: tuple[str, int] | None = None  # /metrics and /healthz
     # How this cloud's router authenticates in other clouds: remote cloud -> the name of a
     # clouds.yaml entry (secrets stay in clouds.yaml/secure.yaml, never in this file).
     credentials: Mapping[str, str] = field(default_factory=dict)
 
+    def listen_addresses(self) -> set[tuple[str, int]]:
+        """Every address this cloud's router answers on (frontend URLs, binds, the proxy)."""
+        found = {(f.url.host, f.url.port) for f in self.frontends}
+        found |= {(f.listen_host, f.listen_port) for f in self.frontends}
+        if self.proxy_listen is not None:
+            found.add(self.proxy_listen)
+        return found
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    """What one client may send (defaults like HAProxy's and nginx's)."""
+
+    max_headers: int = 100  # header fields in a request head -> 431
+    max_header_bytes: int = 65536  # request line + header fields -> 431
+    max_request_line: int = 16384  # method, target and version -> 414
+    header_timeout: float = 10.0  # seconds from the first byte of a head to its end -> 408
+    idle_timeout: float = 60.0  # seconds a keep-alive connection may wait for a request
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Breaker:
+    """When an upstream (another cloud's router or a backend) is marked down."""
+
+    failures: int = 1  # consecutive refused connections or timeouts
+    down_for: float = 10.0  # seconds requests for it fail fast, before one probe request
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     hop_limit: int = 8
-    connect_timeout: float = 5.0
+    connect_timeout: float = 5.0  # to a backend of this cloud
     response_timeout: float = 120.0
+    peer_connect_timeout: float = 5.0  # to another cloud's router
+    peer_response_timeout: float = 120.0
     ca_bundle: str | None = None
     verify: bool = True
+    limits: Limits = field(default_factory=Limits)
+    breaker: Breaker = field(default_factory=Breaker)
+
+    def timeouts(self, remote: bool) -> tuple[float, float]:
+        """(connect, response) timeouts for a backend (remote False) or a peer router."""
+        if remote:
+            return self.peer_connect_timeout, self.peer_response_timeout
+        return self.connect_timeout, self.response_timeout
+
+
+class Memo:
+    """A memo with a budget (in units the caller counts, e.g. characters), cleared whole when
+    full: bounded memory whatever arrives, O(1) per operation."""
+
+    __slots__ = ("_items", "_used", "budget")
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._items: dict[str, Any] = {}
+        self._used = 0
+
+    def get(self, key: str) -> Any:
+        return self._items.get(key)
+
+    def put(self, key: str, value: Any, cost: int) -> None:
+        if cost > self.budget:
+            return
+        if self._used + cost > self.budget:
+            self._items.clear()
+            self._used = 0
+        self._items[key] = value
+        self._used += cost
+
+    def __len__(self) -> int:
+        return len(self._items)
 
 
 @dataclass(slots=True)  # built per request: see routing.Forward on frozen dataclasses
@@ -137,7 +199,7 @@ class Match:
     """
 
     endpoint: Endpoint
-    kind: str  # "public" | "backend"
+    kind: Literal["public", "backend"]
     rest: str
     versionless: bool = False
 
@@ -155,33 +217,41 @@ def strip_version(path: str) -> str:
     return _VERSION_SEGMENT.sub("", path)
 
 
+MEMO_BUDGET = 1 << 20
+
+
+_Located = tuple[Endpoint, Literal["public", "backend"], bool]
+
+
 @dataclass(frozen=True)
 class Catalog:
     clouds: Mapping[str, Cloud]
     settings: Settings = field(default_factory=Settings)
-    _by_location: dict[tuple[str, int], dict[str, tuple[Endpoint, str, bool]]] = field(
+    _by_location: dict[tuple[str, int], dict[str, _Located]] = field(
         init=False, repr=False, compare=False
     )
     _by_target: dict[tuple[str, str, str], Endpoint] = field(init=False, repr=False, compare=False)
     service_types: frozenset[str] = field(init=False, compare=False)
     # Memo for pure functions of this catalog (routing's prepared scopes). Lives and dies with
     # the catalog, so a reload never sees answers computed for the previous config.
-    memo: dict[Any, Any] = field(init=False, repr=False, compare=False, default_factory=dict)
+    memo: Memo = field(
+        init=False, repr=False, compare=False, default_factory=lambda: Memo(MEMO_BUDGET)
+    )
     _types_of: dict[str, frozenset[str]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        by_location: dict[tuple[str, int], dict[str, tuple[Endpoint, str, bool]]] = {}
+        by_location: dict[tuple[str, int], dict[str, _Located]] = {}
         by_target: dict[tuple[str, str, str], Endpoint] = {}
         for cloud in self.clouds.values():
             for ep in cloud.endpoints:
                 by_target[(cloud.name, ep.service_type, ep.interface)] = ep
-                for kind, url in (("public", ep.url), ("backend", ep.backend)):
+                for kind, url in _urls(ep):
                     prefixes = by_location.setdefault((url.host, url.port), {})
                     prefixes[url.path] = _prefer(prefixes.get(url.path), (ep, kind, False), url)
         # Second pass, so an exact URL always beats another endpoint's version-less form.
         for cloud in self.clouds.values():
             for ep in cloud.endpoints:
-                for kind, url in (("public", ep.url), ("backend", ep.backend)):
+                for kind, url in _urls(ep):
                     bare = strip_version(url.path)
                     prefixes = by_location[(url.host, url.port)]
                     if bare != url.path and bare not in prefixes:
@@ -233,253 +303,20 @@ class Catalog:
 _INTERFACE_RANK = {name: rank for rank, name in enumerate(INTERFACES)}
 
 
-def _prefer(
-    existing: tuple[Endpoint, str, bool] | None, new: tuple[Endpoint, str, bool], url: URL
-) -> tuple[Endpoint, str, bool]:
+def _urls(ep: Endpoint) -> tuple[tuple[Literal["public", "backend"], URL], ...]:
+    return (("public", ep.url), ("backend", ep.backend))
+
+
+def _prefer(existing: _Located | None, new: _Located, url: URL) -> _Located:
     """Two endpoints at one URL: fine when they are interfaces of one service (public wins)."""
     if existing is None:
         return new
-    (old_ep, old_kind, _), (new_ep, new_kind, _) = existing, new
+    (old_ep, old_kind, _), (new_ep, _, _) = existing, new
     if (old_ep.cloud, old_ep.service_type) != (new_ep.cloud, new_ep.service_type):
         raise ConfigError(
             f"clouds.{new_ep.cloud}.services.{new_ep.service_type}.{new_ep.interface}",
             f"{url} is also the {old_kind} URL of {old_ep.service_type} in {old_ep.cloud}; "
             "the router could not tell the two apart",
         )
-    if old_kind != new_kind:
-        # A public URL that is also a backend URL would make the router forward to itself.
-        raise ConfigError(
-            f"clouds.{new_ep.cloud}.services.{new_ep.service_type}.{new_ep.interface}",
-            f"{url} is both a router URL and a backend URL",
-        )
     new_better = _INTERFACE_RANK[new_ep.interface] < _INTERFACE_RANK[old_ep.interface]
     return new if new_better else existing
-
-
-# --------------------------------------------------------------------------- loading
-
-
-def load_catalog(path: str | Path) -> Catalog:
-    """Read and validate a federation config file; raises ConfigError naming the key."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(str(path), f"cannot read: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(where, f"not valid YAML: {problem}") from None
-    return build_catalog(data, source=str(path), base_dir=path.parent)
-
-
-def build_catalog(data: Any, source: str = "<config>", base_dir: Path | None = None) -> Catalog:
-    """Validate the parsed YAML document and build the Catalog."""
-    loader = _Loader(source, base_dir or Path.cwd())
-    try:
-        return loader.catalog(data)
-    except ConfigError as exc:
-        if exc.location.startswith(source):
-            raise
-        raise ConfigError(f"{source}: {exc.location}", exc.message) from None
-
-
-class _Loader:
-    """Walks the document keeping the key path, so every error says exactly where it is."""
-
-    def __init__(self, source: str, base_dir: Path) -> None:
-        self.source = source
-        self.base_dir = base_dir
-
-    def catalog(self, data: Any) -> Catalog:
-        doc = self._mapping(
-            data, "", required={"clouds"}, allowed={"version", "settings", "clouds"}
-        )
-        if doc.get("version", 1) != 1:
-            raise ConfigError("version", f"unsupported version {doc['version']!r} (expected 1)")
-        settings = self.settings(doc.get("settings") or {}, "settings")
-        clouds_doc = self._mapping(doc["clouds"], "clouds")
-        if not clouds_doc:
-            raise ConfigError("clouds", "at least one cloud is required")
-        clouds = {
-            str(name): self.cloud(str(name), body, f"clouds.{name}")
-            for name, body in clouds_doc.items()
-        }
-        for cloud in clouds.values():
-            for remote in cloud.credentials:
-                if remote not in clouds or remote == cloud.name:
-                    raise ConfigError(
-                        f"clouds.{cloud.name}.credentials.{remote}",
-                        "must be another cloud of this federation",
-                    )
-        return Catalog(clouds, settings)
-
-    def settings(self, data: Any, where: str) -> Settings:
-        doc = self._mapping(data, where, allowed=set(Settings.__dataclass_fields__))
-        defaults = Settings()
-        hop_limit = doc.get("hop_limit", defaults.hop_limit)
-        if not isinstance(hop_limit, int) or isinstance(hop_limit, bool) or hop_limit < 1:
-            raise ConfigError(
-                f"{where}.hop_limit", f"must be a positive integer, not {hop_limit!r}"
-            )
-        timeouts = {}
-        for key in ("connect_timeout", "response_timeout"):
-            value = doc.get(key, getattr(defaults, key))
-            ok = isinstance(value, int | float) and not isinstance(value, bool)
-            if not ok or not math.isfinite(value) or value <= 0:
-                raise ConfigError(
-                    f"{where}.{key}", f"must be a positive number of seconds, not {value!r}"
-                )
-            timeouts[key] = float(value)
-        verify = doc.get("verify", True)
-        if not isinstance(verify, bool):
-            raise ConfigError(f"{where}.verify", f"must be true or false, not {verify!r}")
-        ca_bundle = doc.get("ca_bundle")
-        if ca_bundle is not None:
-            ca_bundle = self._file(ca_bundle, f"{where}.ca_bundle")
-        return Settings(hop_limit, ca_bundle=ca_bundle, verify=verify, **timeouts)
-
-    def cloud(self, name: str, data: Any, where: str) -> Cloud:
-        if not name or any(c in name for c in " &|()\"'"):
-            raise ConfigError(
-                where, "a cloud name cannot be empty or contain spaces, quotes, & | ( )"
-            )
-        doc = self._mapping(
-            data,
-            where,
-            required={"frontends", "services"},
-            allowed={"region", "frontends", "proxy", "services", "credentials"},
-        )
-        region = doc.get("region", name)
-        if not isinstance(region, str) or not region:
-            raise ConfigError(f"{where}.region", "must be a non-empty string")
-        frontends_doc = doc["frontends"]
-        if not isinstance(frontends_doc, list) or not frontends_doc:
-            raise ConfigError(f"{where}.frontends", "must be a non-empty list of {url: ...}")
-        frontends = tuple(
-            self.frontend(f, f"{where}.frontends[{i}]") for i, f in enumerate(frontends_doc)
-        )
-        proxy_listen = None
-        if doc.get("proxy") is not None:
-            proxy_doc = self._mapping(
-                doc["proxy"], f"{where}.proxy", required={"listen"}, allowed={"listen"}
-            )
-            proxy_listen = self._hostport(proxy_doc["listen"], f"{where}.proxy.listen")
-        services = self._mapping(doc["services"], f"{where}.services")
-        endpoints = []
-        for service_type, interfaces in services.items():
-            st_where = f"{where}.services.{service_type}"
-            for interface, body in self._mapping(
-                interfaces, st_where, allowed=set(INTERFACES)
-            ).items():
-                endpoints.append(
-                    self.endpoint(
-                        name,
-                        str(service_type),
-                        interface,
-                        body,
-                        frontends,
-                        f"{st_where}.{interface}",
-                    )
-                )
-        if not endpoints:
-            raise ConfigError(f"{where}.services", "at least one service endpoint is required")
-        credentials = {
-            str(k): v
-            for k, v in self._mapping(doc.get("credentials") or {}, f"{where}.credentials").items()
-        }
-        for remote, entry in credentials.items():
-            if not isinstance(entry, str) or not entry:
-                raise ConfigError(
-                    f"{where}.credentials.{remote}", "must name a clouds.yaml entry (a string)"
-                )
-        return Cloud(name, region, frontends, proxy_listen, tuple(endpoints), credentials)
-
-    def frontend(self, data: Any, where: str) -> Frontend:
-        doc = self._mapping(data, where, required={"url"}, allowed={"url", "listen", "tls"})
-        url = self._url(doc["url"], f"{where}.url")
-        if url.path:
-            raise ConfigError(
-                f"{where}.url", "a frontend url is scheme://host:port, without a path"
-            )
-        host, port = (
-            self._hostport(doc["listen"], f"{where}.listen")
-            if "listen" in doc
-            else (url.host, url.port)
-        )
-        cert = key = None
-        if doc.get("tls") is not None:
-            tls = self._mapping(
-                doc["tls"], f"{where}.tls", required={"cert", "key"}, allowed={"cert", "key"}
-            )
-            cert = self._file(tls["cert"], f"{where}.tls.cert")
-            key = self._file(tls["key"], f"{where}.tls.key")
-        if (url.scheme == "https") != (cert is not None):
-            raise ConfigError(
-                f"{where}.tls",
-                "an https frontend needs tls: {cert, key}; an http one must not have it",
-            )
-        return Frontend(url, host, port, cert, key)
-
-    def endpoint(
-        self,
-        cloud: str,
-        service_type: str,
-        interface: str,
-        data: Any,
-        frontends: tuple[Frontend, ...],
-        where: str,
-    ) -> Endpoint:
-        doc = self._mapping(data, where, required={"url", "backend"}, allowed={"url", "backend"})
-        url = self._url(doc["url"], f"{where}.url")
-        backend = self._url(doc["backend"], f"{where}.backend")
-        if not any(
-            (f.url.scheme, f.url.host, f.url.port) == (url.scheme, url.host, url.port)
-            for f in frontends
-        ):
-            listed = ", ".join(str(f.url) for f in frontends)
-            raise ConfigError(
-                f"{where}.url", f"{url} is not on one of this cloud's frontends ({listed})"
-            )
-        return Endpoint(cloud, service_type, interface, url, backend)
-
-    def _mapping(
-        self, data: Any, where: str, required: Iterable[str] = (), allowed: set[str] | None = None
-    ) -> dict[str, Any]:
-        if not isinstance(data, dict):
-            kind = "nothing" if data is None else type(data).__name__
-            raise ConfigError(where or "(top level)", f"expected a mapping, found {kind}")
-        missing = sorted(set(required) - set(data))
-        if missing:
-            raise ConfigError(where or "(top level)", f"missing key(s): {', '.join(missing)}")
-        if allowed is not None:
-            unknown = sorted(str(k) for k in data if k not in allowed)
-            if unknown:
-                raise ConfigError(
-                    f"{where}.{unknown[0]}" if where else unknown[0],
-                    f"unknown key (expected one of: {', '.join(sorted(allowed))})",
-                )
-        return data
-
-    def _url(self, value: Any, where: str) -> URL:
-        try:
-            return parse_url(value)
-        except ValueError as exc:
-            raise ConfigError(where, str(exc)) from None
-
-    def _hostport(self, value: Any, where: str) -> tuple[str, int]:
-        try:
-            return parse_hostport(value)
-        except ValueError as exc:
-            raise ConfigError(where, str(exc)) from None
-
-    def _file(self, value: Any, where: str) -> str:
-        if not isinstance(value, str) or not value:
-            raise ConfigError(where, "expected a file path")
-        path = Path(value) if Path(value).is_absolute() else self.base_dir / value
-        if not path.is_file():
-            raise ConfigError(where, f"no such file: {path}")
-        return str(path)

@@ -1,8 +1,8 @@
 """The ``scoperouter`` console script. Thin: parses arguments and delegates.
 
 Subcommands: ``serve`` (run a cloud's router), ``route`` (print the routing decision for one
-request, sending nothing), ``check-config`` (validate a federation config) and ``lab`` (a lab of
-real OpenStack clouds on this machine).
+request, sending nothing), ``check-config`` (validate a federation config), ``lab`` (a lab of
+real OpenStack clouds on this machine) and ``broker`` (the Open Service Broker).
 """
 
 from __future__ import annotations
@@ -10,19 +10,20 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import logging
 import os
 import sys
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from scoperouter import __version__
-from scoperouter.catalog import DEFAULT_PORTS, Catalog, load_catalog
+from scoperouter.catalog import DEFAULT_PORTS, Catalog
+from scoperouter.config import load_catalog
 from scoperouter.errors import ConfigError, Reject
 from scoperouter.routing import (
     AUTH_TOKEN,
     SUBJECT_TOKEN,
     Forward,
+    Mode,
     RequestFacts,
     decide,
     header_title,
@@ -44,6 +45,7 @@ examples:
       --scope '{"image": "CloudTwo"}' GET http://127.0.0.2:9292/v2/images
   scoperouter serve --config config/federation.yaml --cloud CloudOne
   scoperouter lab up        # real OpenStack clouds on this machine, each behind a router
+  scoperouter broker serve --config config/broker.yaml   # the Open Service Broker
 """
 
 
@@ -71,8 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the router of one cloud",
         description="Run the router of one cloud: a reverse proxy on each of the cloud's "
         "frontends and, if the config gives proxy.listen, a forward proxy for the cloud's "
-        "services (HTTP_PROXY). SIGHUP reloads the config; an invalid new config is refused "
-        "and the old one keeps routing.",
+        "services (HTTP_PROXY), in --workers processes on the same ports. SIGHUP reloads the "
+        "config without dropping connections (an invalid new config is refused and the old "
+        "one keeps routing); SIGTERM stops accepting and lets requests in flight finish. With "
+        "metrics.listen in the config, /metrics (Prometheus) and /healthz are served there.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     serve.add_argument("--config", required=True, metavar="FILE", help="federation config (YAML)")
@@ -86,10 +90,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--watch", action="store_true", help="also reload when the config file changes"
     )
     serve.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=_cores(),
+        metavar="N",
+        help="worker processes sharing the listeners (SO_REUSEPORT); a dead one is replaced "
+        "(default: the number of cores, %(default)s here)",
+    )
+    serve.add_argument(
+        "--drain",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="on SIGTERM, how long requests in flight may take to finish (default %(default)s)",
+    )
+    serve.add_argument(
         "--log-level",
         default="INFO",
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="INFO logs one line per request (default)",
+    )
+    serve.add_argument(
+        "--log-format",
+        default="json",
+        choices=["json", "text"],
+        help="one JSON object per line (default), or text for a terminal",
     )
     serve.set_defaults(func=cmd_serve)
 
@@ -141,7 +166,25 @@ def build_parser() -> argparse.ArgumentParser:
         from scoperouter_lab import cli as lab_cli
 
         lab_cli.register(sub)
+    try:
+        from scoperouter.broker import cli as broker_cli
+    except ImportError as exc:  # the broker's libraries are the `broker` extra
+        missing = str(exc)
+        stub = sub.add_parser(
+            "broker", help="the Open Service Broker (needs: pip install 'scoperouter[broker]')"
+        )
+        stub.set_defaults(func=lambda _args: _missing_broker(missing))
+    else:
+        broker_cli.register(sub)
     return parser
+
+
+def _missing_broker(reason: str) -> int:
+    print(
+        f"scoperouter broker: not installed ({reason}): pip install 'scoperouter[broker]'",
+        file=sys.stderr,
+    )
+    return 2
 
 
 LAB_MISSING = """\
@@ -152,7 +195,7 @@ From a checkout of scoperouter:
 """
 
 
-def _lab_missing(sub: argparse._SubParsersAction) -> None:
+def _lab_missing(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`scoperouter lab ...` without the lab package: say how to get it."""
     lab = sub.add_parser(
         "lab",
@@ -189,24 +232,34 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     catalog = _load(args.config, args.cloud)
     if catalog is None:
         return 1
+    settings = catalog.settings
+    limits, breaker = settings.limits, settings.breaker
     print(f"{args.config}: OK ({catalog.describe()})")
+    print(
+        f"  settings: hop_limit {settings.hop_limit}; timeouts connect/response "
+        f"{settings.connect_timeout:g}/{settings.response_timeout:g}s to backends, "
+        f"{settings.peer_connect_timeout:g}/{settings.peer_response_timeout:g}s to peers; "
+        f"limits {limits.max_headers} headers, {limits.max_header_bytes} bytes, line "
+        f"{limits.max_request_line}, head {limits.header_timeout:g}s, idle "
+        f"{limits.idle_timeout:g}s; an upstream is down for {breaker.down_for:g}s after "
+        f"{breaker.failures} failure{'s' if breaker.failures != 1 else ''}"
+    )
     for cloud in catalog.clouds.values():
         services = sorted({ep.service_type for ep in cloud.endpoints})
         frontends = ", ".join(str(f.url) for f in cloud.frontends)
-        proxy = (
-            f"; forward proxy {cloud.proxy_listen[0]}:{cloud.proxy_listen[1]}"
-            if (cloud.proxy_listen)
-            else ""
-        )
-        creds = (
-            "; credentials for "
-            + ", ".join(f"{k} ({v})" for k, v in sorted(cloud.credentials.items()))
-            if cloud.credentials
-            else ""
-        )
+        extras = []
+        if cloud.proxy_listen:
+            extras.append(f"forward proxy {cloud.proxy_listen[0]}:{cloud.proxy_listen[1]}")
+        if cloud.metrics_listen:
+            extras.append(f"metrics {cloud.metrics_listen[0]}:{cloud.metrics_listen[1]}")
+        if cloud.credentials:
+            extras.append(
+                "credentials for "
+                + ", ".join(f"{k} ({v})" for k, v in sorted(cloud.credentials.items()))
+            )
         print(
             f"  {cloud.name} (region {cloud.region}): {', '.join(services)}; "
-            f"frontends {frontends}{proxy}{creds}"
+            f"frontends {frontends}" + "".join(f"; {extra}" for extra in extras)
         )
     return 0
 
@@ -225,12 +278,35 @@ def cmd_serve(args: argparse.Namespace) -> int:
             )
             return 2
         cloud = next(iter(catalog.clouds))
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    from scoperouter.proxy import serve
+    from scoperouter.proxy import Options, logs, serve
 
-    return serve(args.config, cloud, watch=args.watch)
+    logs.setup(args.log_level, args.log_format, cloud)
+    return serve(
+        Options(
+            config_path=args.config,
+            cloud=cloud,
+            workers=args.workers,
+            watch=args.watch,
+            drain=args.drain,
+            log_level=args.log_level,
+            log_format=args.log_format,
+        )
+    )
+
+
+def _cores() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def cmd_route(args: argparse.Namespace) -> int:
@@ -252,12 +328,22 @@ def cmd_route(args: argparse.Namespace) -> int:
         headers["x-scope"] = args.scope
     host = parts.hostname.lower()
     port = parts.port or DEFAULT_PORTS[parts.scheme]
-    mode = args.mode
-    if mode == "auto":
+    mode: Mode
+    if args.mode == "auto":
         frontends = {(f.url.host, f.url.port) for f in catalog.clouds[args.cloud].frontends}
         mode = "reverse" if (host, port) in frontends else "forward"
+    else:
+        mode = args.mode
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    facts = RequestFacts(args.method.upper(), parts.scheme, host, port, path, headers, mode)
+    facts = RequestFacts(
+        method=args.method.upper(),
+        scheme=parts.scheme,
+        host=host,
+        port=port,
+        path=path,
+        headers=headers,
+        mode=mode,
+    )
     decision = decide(facts, catalog, args.cloud)
     print(render_decision(facts, decision, args.cloud, as_json=args.json))
     return 0 if isinstance(decision, Forward) else 1
@@ -295,7 +381,6 @@ def render_decision(
             f"body:     {json.dumps(body)}"
         )
     edits = {header_title(k): _mask(k, v) for k, v in decision.set_headers.items()}
-    removed = sorted(header_title(h) for h in decision.remove_headers)
     if as_json:
         return json.dumps(
             {
@@ -309,7 +394,6 @@ def render_decision(
                 "remote": decision.remote,
                 "target": decision.url,
                 "set_headers": edits,
-                "remove_headers": removed,
                 "swap_tokens": sorted(header_title(h) for h in decision.swap_tokens),
                 "catalog_region": decision.catalog_region,
             }
@@ -324,7 +408,6 @@ def render_decision(
     if decision.scope is not None:
         lines.append(f"scope:    {decision.scope.to_json()}")
     lines.extend(f"set:      {k}: {v}" for k, v in edits.items())
-    lines.extend(f"remove:   {h}" for h in removed)
     lines.extend(
         f"swap:     {header_title(h)}: checked with {cloud}'s keystone (service role), then "
         f"replaced by the router's own token for {decision.cloud}"

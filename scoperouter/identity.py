@@ -115,7 +115,8 @@ def token_from_clouds_yaml(entry: str) -> tuple[str, float]:
 
     region = openstack.config.OpenStackConfig().get_one(cloud=entry)
     session = region.get_session()
-    access = session.auth.get_access(session)
+    auth: Any = session.auth
+    access = auth.get_access(session)
     expires = access.expires.timestamp() if access.expires else time.time() + 3600
     return access.auth_token, expires
 
@@ -159,7 +160,7 @@ class Identity:
         """Is `token` a valid token of this cloud? (cached by hash)"""
         now = self._clock()
         key = token_key(token)
-        cached = self._checks.get(key, now)
+        cached: TokenCheck | None = self._checks.get(key, now)
         if cached is not None:
             return cached
         url = self._identity_url()

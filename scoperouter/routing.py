@@ -3,38 +3,44 @@
 ``decide(facts, catalog, local_cloud)`` is a pure function of the request's method, URL and
 headers, the federation catalog and the name of the cloud this router serves. It returns either a
 :class:`Forward` (the target URL and the header edits) or a :class:`~scoperouter.errors.Reject`
-(status and message). The mitmproxy addon applies it, ``scoperouter route`` prints it, tests
+(status and message). The mitmproxy addons apply it, ``scoperouter route`` prints it, tests
 assert on it: one object, no I/O.
 
 The rules, in order (docs/design.md has the rationale):
 
-1. The URL names a service: the catalog entry whose URL is the longest prefix of the request's
+1. ``X-Scope-Hops`` counts the routers a request has passed; one that arrives having passed
+   ``hop_limit`` of them is refused with 508, wherever it would go. Every forward carries the
+   count on, to another cloud's router and to this cloud's backends alike (a "backend" that is
+   in fact a router then counts the hop too).
+2. The URL names a service: the catalog entry whose URL is the longest prefix of the request's
    (reverse mode: this router's frontend; forward mode: the absolute URL). No match: 404 in
    reverse mode, 403 in forward mode (the forward proxy is not an open proxy).
-2. The scope comes from the token (``X-Auth-Token: <token>!SCOPE!<json>``), else ``X-Scope``;
+3. The scope comes from the token (``X-Auth-Token: <token>!SCOPE!<json>``), else ``X-Scope``;
    the token wins when both are present. Identity requests with neither may carry it on
    ``X-Subject-Token`` (token validation goes to the cloud that issued the token).
-3. No scope: the request goes where it was addressed, unchanged.
-4. A scope is validated (every cloud it names must exist and offer the services the federation
+4. No scope: the request goes where it was addressed, unchanged.
+5. A scope is validated (every cloud it names must exist and offer the services the federation
    routes; entries for other service types are carried, not used) and completed with this
    router's cloud for the services it does not name, so "local" keeps meaning the cloud where
-   the request entered the federation.
-5. The target cloud serves the request: this cloud's backend, or the other cloud's router.
-6. Keystone only sees its own tokens: the scope is stripped from ``X-Subject-Token`` always and
+   the request entered the federation. A scope the request's workflow cannot honour (placement
+   named elsewhere than compute, for a compute request: :data:`scope.FOLLOWS`) is refused.
+6. The target cloud serves the request: this cloud's backend, or the other cloud's router.
+7. Keystone only sees its own tokens: the scope is stripped from ``X-Subject-Token`` always and
    from ``X-Auth-Token`` when the target is the identity service.
-7. ``X-Scope-Hops`` counts forwards between routers; past the configured limit: 508.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from scoperouter.catalog import Catalog, Endpoint, Match
 from scoperouter.errors import Reject
 from scoperouter.scope import (
+    FOLLOWS,
     SCOPE_SEPARATOR,
-    Cloud,
+    CloudName,
     Scope,
     ScopeError,
     clouds_of,
@@ -49,6 +55,10 @@ SCOPE_HEADER = "x-scope"
 HOPS_HEADER = "x-scope-hops"
 IDENTITY = "identity"
 
+Mode = Literal["reverse", "forward"]
+"""reverse: a client called one of this router's frontends; forward: a service of this cloud
+used the router as its HTTP proxy (the request names an absolute URL)."""
+
 
 def header_title(name: str) -> str:
     """``x-service-token`` -> ``X-Service-Token``: how headers are named to humans."""
@@ -57,7 +67,7 @@ def header_title(name: str) -> str:
 
 # Decisions and facts are plain slotted dataclasses rather than frozen ones: they are built on
 # every request, and frozen construction costs ~1.5 us. Treat them as immutable all the same.
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class RequestFacts:
     """What the router knows about a request when its headers have arrived."""
 
@@ -67,10 +77,10 @@ class RequestFacts:
     port: int
     path: str  # path and query, as sent
     headers: Mapping[str, str]  # lower-case names
-    mode: str = "reverse"  # "reverse": a client called our frontend; "forward": HTTP_PROXY use
+    mode: Mode = "reverse"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Forward:
     """Send the request to `url` with these header edits."""
 
@@ -80,7 +90,6 @@ class Forward:
     remote: bool  # True: `url` is another cloud's router; False: a backend of this cloud
     url: str
     set_headers: Mapping[str, str] = field(default_factory=dict)
-    remove_headers: frozenset[str] = frozenset()
     scope: Scope | None = None
     # Cross-cloud identity (applied by the proxy, which does the I/O):
     # headers carrying a token of THIS cloud's service that the target cloud never issued; the
@@ -92,78 +101,91 @@ class Forward:
     # filter the catalog by their own region, find the endpoints (no OpenStack code patched).
     catalog_region: str | None = None
 
-    def describe(self) -> str:
-        where = "remote router" if self.remote else "local backend"
-        return f"{self.service_type} ({self.interface}) -> {self.cloud} {where} {self.url}"
-
 
 Decision = Forward | Reject
 
 
-SCOPE_MEMO_SIZE = 4096
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A scope text parsed, validated and completed for one router (memoised per catalog)."""
+
+    scope: Scope
+    json: str  # scope.to_json(), sent on the token and in X-Scope
+    unfollowed: frozenset[str]  # service types whose requests cannot honour this scope
 
 
-def _prepared_scope(text: str, catalog: Catalog, local_cloud: str) -> tuple[Scope, str] | str:
-    """The scope text parsed, validated against the catalog and completed for `local_cloud`
-    (scope, its JSON), or the one-line problem. Memoised on the catalog object: scopes repeat
-    for a whole session or workflow, and a reload starts with a fresh catalog, so the memo can
-    never hold an answer computed for another config."""
+def _prepared_scope(text: str, catalog: Catalog, local_cloud: str) -> Prepared | str:
+    """The scope text parsed, validated against the catalog and completed for `local_cloud`,
+    or the one-line problem. Valid answers are memoised on the catalog object (a reload starts
+    with a fresh catalog, so the memo never holds an answer computed for another config);
+    refused input is never kept, and the memo has a budget (``catalog.MEMO_BUDGET`` characters
+    of scope text), so distinct scopes, valid or hostile, cannot grow memory."""
     memo = catalog.memo
-    key = ("scope", text, local_cloud)
-    prepared = memo.get(key)
-    if prepared is None:
-        try:
-            scope = Scope.parse(text)
-        except ScopeError as exc:
-            prepared = exc.message
-        else:
-            problem = _validate(scope, catalog)
-            if problem is not None:
-                prepared = problem
-            else:
-                # Complete only with what this cloud offers: naming it for a service it lacks
-                # would make the next router refuse the scope.
-                completed = scope.complete(catalog.service_types_of(local_cloud), local_cloud)
-                prepared = (completed, completed.to_json())
-        if len(memo) >= SCOPE_MEMO_SIZE:
-            memo.clear()  # bounded: many distinct (possibly hostile) scopes only cost a re-parse
-        memo[key] = prepared
+    prepared: Prepared | None = memo.get(text)
+    if prepared is not None:
+        return prepared
+    try:
+        scope = Scope.parse(text)
+    except ScopeError as exc:
+        return exc.message
+    problem = _validate(scope, catalog)
+    if problem is not None:
+        return problem
+    # Complete only with what this cloud offers: naming it for a service it lacks would make
+    # the next router refuse the scope.
+    completed = scope.complete(catalog.service_types_of(local_cloud), local_cloud)
+    prepared = Prepared(completed, completed.to_json(), completed.unfollowed())
+    memo.put(text, prepared, len(text) + len(prepared.json))
     return prepared
 
 
-def decide(facts: RequestFacts, catalog: Catalog, local_cloud: str) -> Decision:
-    """The routing decision for one request (pure; see the module docstring for the rules)."""
-    match = catalog.match(facts.host, facts.port, facts.path)
-    if match is None:
-        return _no_service(facts, local_cloud)
-    endpoint = match.endpoint
-    headers = facts.headers
-
+def hop_count(headers: Mapping[str, str], catalog: Catalog) -> int | Reject:
+    """The routers this request has passed (``X-Scope-Hops``), or why it is refused."""
     hops_text = headers.get(HOPS_HEADER, "0")
     if not (hops_text.isascii() and hops_text.isdigit()) or len(hops_text) > 4:
         return Reject(400, f"invalid {HOPS_HEADER} header {hops_text[:20]!r}: expected a count")
     hops = int(hops_text)
+    limit = catalog.settings.hop_limit
+    if hops >= limit:
+        return Reject(
+            508,
+            f"routing loop: the request already crossed {hops} routers (hop_limit {limit}); "
+            "check that the routers' federation configs agree and that no backend is a router",
+        )
+    return hops
+
+
+def decide(facts: RequestFacts, catalog: Catalog, local_cloud: str) -> Decision:
+    """The routing decision for one request (pure; see the module docstring for the rules)."""
+    headers = facts.headers
+    hops = hop_count(headers, catalog)
+    if isinstance(hops, Reject):
+        return hops
+    match = catalog.match(facts.host, facts.port, facts.path)
+    if match is None:
+        return _no_service(facts, local_cloud)
+    endpoint = match.endpoint
 
     # Keystone must only ever see its own tokens: strip the scope from the subject token on
     # every path, scoped or not.
     subject = headers.get(SUBJECT_TOKEN)
-    subject_edit = (
-        {SUBJECT_TOKEN: split_token(subject)[0]}
-        if subject is not None and SCOPE_SEPARATOR in subject
-        else {}
-    )
+    base_headers: dict[str, str] = {HOPS_HEADER: str(hops + 1)}
+    if subject is not None and SCOPE_SEPARATOR in subject:
+        base_headers[SUBJECT_TOKEN] = split_token(subject)[0]
     token, scope_text, source = _find_scope(headers, endpoint.service_type)
     if scope_text is None:
-        return _unscoped(match, catalog, local_cloud, hops, subject_edit, headers)
+        return _unscoped(match, catalog, local_cloud, base_headers, headers)
 
     prepared = _prepared_scope(scope_text, catalog, local_cloud)
     if isinstance(prepared, str):
         return Reject(400, f"invalid scope in {source}: {prepared}")
-    completed, completed_json = prepared
+    completed = prepared.scope
     service_type = endpoint.service_type
+    if service_type in prepared.unfollowed:
+        return _unfollowed(completed, service_type)
     # A service neither the scope nor this cloud names: the cloud the client addressed.
-    expr = completed.get(service_type) or Cloud(endpoint.cloud)
-    if not isinstance(expr, Cloud):
+    expr = completed.get(service_type) or CloudName(endpoint.cloud)
+    if not isinstance(expr, CloudName):
         return Reject(
             501,
             f"scope for {service_type!r} is {format_expression(expr)!r}: combining clouds "
@@ -172,10 +194,10 @@ def decide(facts: RequestFacts, catalog: Catalog, local_cloud: str) -> Decision:
     target = expr.name
     interface = endpoint.interface
 
-    set_headers: dict[str, str] = {SCOPE_HEADER: completed_json, **subject_edit}
+    set_headers = {SCOPE_HEADER: prepared.json, **base_headers}
     if token is not None:
         set_headers[AUTH_TOKEN] = (
-            token if service_type == IDENTITY else f"{token}{SCOPE_SEPARATOR}{completed_json}"
+            token if service_type == IDENTITY else f"{token}{SCOPE_SEPARATOR}{prepared.json}"
         )
 
     if target == local_cloud:
@@ -191,50 +213,45 @@ def decide(facts: RequestFacts, catalog: Catalog, local_cloud: str) -> Decision:
     remote = catalog.endpoint(target, service_type, interface)
     if remote is None:
         return Reject(400, f"{target} has no {service_type} service")
-    return _to_router(match, remote, hops, set_headers, headers, catalog, local_cloud, completed)
+    return _to_router(match, remote, set_headers, headers, catalog, local_cloud, completed)
 
 
 def _to_backend(
     match: Match, local: Endpoint, set_headers: dict[str, str], scope: Scope | None = None
 ) -> Forward:
-    """Deliver to a backend of this cloud; the hop count stays inside the federation."""
+    """Deliver to a backend of this cloud."""
     return Forward(
-        local.cloud,
-        local.service_type,
-        local.interface,
-        False,
-        match.target(local.backend),
-        set_headers,
-        frozenset({HOPS_HEADER}),
-        scope,
+        cloud=local.cloud,
+        service_type=local.service_type,
+        interface=local.interface,
+        remote=False,
+        url=match.target(local.backend),
+        set_headers=set_headers,
+        scope=scope,
     )
 
 
 def _to_router(
     match: Match,
     remote: Endpoint,
-    hops: int,
     set_headers: dict[str, str],
     headers: Mapping[str, str],
     catalog: Catalog,
     local_cloud: str,
     scope: Scope | None = None,
-) -> Decision:
-    """Send to another cloud's router: count the hop, refuse a loop, mark identity edits."""
-    if hops + 1 > catalog.settings.hop_limit:
-        return _loop(hops, catalog)
+) -> Forward:
+    """Send to another cloud's router, marking the identity edits the proxy must make."""
     swaps, region = _identity_edits(headers, remote.service_type, catalog, local_cloud)
     return Forward(
-        remote.cloud,
-        remote.service_type,
-        remote.interface,
-        True,
-        match.target(remote.url),
-        {**set_headers, HOPS_HEADER: str(hops + 1)},
-        frozenset(),
-        scope,
-        swaps,
-        region,
+        cloud=remote.cloud,
+        service_type=remote.service_type,
+        interface=remote.interface,
+        remote=True,
+        url=match.target(remote.url),
+        set_headers=set_headers,
+        scope=scope,
+        swap_tokens=swaps,
+        catalog_region=region,
     )
 
 
@@ -285,22 +302,32 @@ def _clouds(catalog: Catalog) -> str:
     return ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
 
 
+def _unfollowed(scope: Scope, service_type: str) -> Reject:
+    follower = next(f for f, leader in FOLLOWS.items() if leader == service_type)
+    return Reject(
+        400,
+        f"the scope names {format_expression(scope[follower])!r} for {follower} but "
+        f"{format_expression(scope[service_type])!r} for {service_type}: {service_type} calls "
+        f"the {follower} service of its own cloud with its own credentials, so {follower} "
+        f"cannot be moved away from it; name the same cloud for both, or leave {follower} out",
+    )
+
+
 def _unscoped(
     match: Match,
     catalog: Catalog,
     local_cloud: str,
-    hops: int,
-    subject_edit: dict[str, str],
+    set_headers: dict[str, str],
     headers: Mapping[str, str],
-) -> Decision:
+) -> Forward:
     """No scope: deliver where the client addressed it, touching nothing but the hop count
     (and a scope left on X-Subject-Token)."""
     endpoint: Endpoint = match.endpoint
     # Only this cloud's backends are reached directly; another cloud's service, even addressed
     # by its backend URL, is reached through that cloud's router (its token checks, its logs).
     if endpoint.cloud == local_cloud:
-        return _to_backend(match, endpoint, subject_edit)
-    return _to_router(match, endpoint, hops, subject_edit, headers, catalog, local_cloud)
+        return _to_backend(match, endpoint, set_headers)
+    return _to_router(match, endpoint, set_headers, headers, catalog, local_cloud)
 
 
 def _identity_edits(
@@ -332,11 +359,3 @@ def _no_service(facts: RequestFacts, local_cloud: str) -> Reject:
             "federation catalog; this proxy only reaches catalog destinations",
         )
     return Reject(404, f"no service of {local_cloud} is published at {path}")
-
-
-def _loop(hops: int, catalog: Catalog) -> Reject:
-    return Reject(
-        508,
-        f"routing loop: the request already crossed {hops} routers (hop_limit "
-        f"{catalog.settings.hop_limit}); check that the routers' federation configs agree",
-    )

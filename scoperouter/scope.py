@@ -32,11 +32,20 @@ from dataclasses import dataclass
 
 SCOPE_SEPARATOR = "!SCOPE!"
 MAX_SCOPE_LENGTH = 8192
+MAX_SCOPE_ENTRIES = 100  # service types in one scope; OpenStack's registry lists about 50
 MAX_EXPRESSION_LENGTH = 1024
 MAX_DEPTH = 16
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
+_PLAIN_NAME = re.compile(r"[ \t]*([A-Za-z0-9][A-Za-z0-9_.:-]*)[ \t]*\Z")
 _SERVICE_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\Z")
+
+
+FOLLOWS: Mapping[str, str] = {"placement": "compute"}
+"""Service types that follow another one: ``follower -> leader``. Nova calls placement of its
+own cloud with its own credentials (no user token, so no scope), so a request's placement is
+always its compute cloud's. Completion fills a follower with its leader's entry, and a scope that
+names them apart cannot be honoured by the leader's requests (the router answers 400)."""
 
 
 class ScopeError(ValueError):
@@ -48,8 +57,8 @@ class ScopeError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Cloud:
-    """A single cloud, by name."""
+class CloudName:
+    """A single cloud, by name (what the federation config defines is a ``catalog.Cloud``)."""
 
     name: str
 
@@ -68,12 +77,12 @@ class AnyOf:
     parts: tuple[Expr, ...]
 
 
-Expr = Cloud | AllOf | AnyOf
+Expr = CloudName | AllOf | AnyOf
 
 
 def clouds_of(expr: Expr) -> Iterator[str]:
     """Every cloud name an expression mentions, left to right."""
-    if isinstance(expr, Cloud):
+    if isinstance(expr, CloudName):
         yield expr.name
     else:
         for part in expr.parts:
@@ -82,7 +91,7 @@ def clouds_of(expr: Expr) -> Iterator[str]:
 
 def format_expression(expr: Expr) -> str:
     """The canonical text of an expression; ``parse_expression`` reads it back unchanged."""
-    if isinstance(expr, Cloud):
+    if isinstance(expr, CloudName):
         return expr.name
     if isinstance(expr, AllOf):
         return " & ".join(
@@ -162,7 +171,7 @@ class _Parser:
         if token is None or token in "&|)":
             raise ScopeError(f"expected a cloud name but found {self._where()} in {self.text!r}")
         self.index += 1
-        return Cloud(token)
+        return CloudName(token)
 
 
 def _flatten(kind: type[AllOf] | type[AnyOf], parts: list[Expr]) -> tuple[Expr, ...]:
@@ -181,6 +190,9 @@ def parse_expression(text: str) -> Expr:
         )
     if len(text) > MAX_EXPRESSION_LENGTH:
         raise ScopeError(f"expression longer than {MAX_EXPRESSION_LENGTH} characters")
+    plain = _PLAIN_NAME.match(text)  # one cloud, the common case: no tokenizer, no parser
+    if plain is not None:
+        return CloudName(plain.group(1))
     return _Parser(text).parse()
 
 
@@ -210,6 +222,10 @@ class Scope(Mapping[str, Expr]):
                 'scope must be a JSON object like {"image": "CloudTwo"}, '
                 f"not a JSON {type(data).__name__}"
             )
+        if len(data) > MAX_SCOPE_ENTRIES:  # checked before any entry is parsed
+            raise ScopeError(
+                f"scope names {len(data)} service types; at most {MAX_SCOPE_ENTRIES} are accepted"
+            )
         entries: dict[str, Expr] = {}
         for service_type, value in data.items():
             if not _SERVICE_TYPE.match(service_type):
@@ -226,12 +242,29 @@ class Scope(Mapping[str, Expr]):
         return json.dumps(payload, separators=(",", ":"), sort_keys=True)
 
     def complete(self, service_types: Iterable[str], cloud: str) -> Scope:
-        """Name `cloud` for every service type this scope leaves out."""
+        """Name `cloud` for every service type this scope leaves out, except that a service
+        that follows another (see :data:`FOLLOWS`) gets that service's entry when it has one."""
         entries = dict(self.items_)
-        missing = {st: Cloud(cloud) for st in service_types if st not in entries}
+        missing: dict[str, Expr] = {
+            st: CloudName(cloud) for st in service_types if st not in entries
+        }
         if not missing:
             return self
+        for follower in missing.keys() & FOLLOWS.keys():
+            leader = entries.get(FOLLOWS[follower])
+            if leader is not None:
+                missing[follower] = leader
         return Scope.of({**entries, **missing})
+
+    def unfollowed(self) -> frozenset[str]:
+        """The service types whose workflow cannot honour this scope: those a follower is
+        named elsewhere than (``{"compute": "A", "placement": "B"}`` -> ``{"compute"}``)."""
+        entries = dict(self.items_)
+        return frozenset(
+            leader
+            for follower, leader in FOLLOWS.items()
+            if follower in entries and leader in entries and entries[follower] != entries[leader]
+        )
 
     def __getitem__(self, key: str) -> Expr:
         for service_type, expr in self.items_:

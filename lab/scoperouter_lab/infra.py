@@ -238,6 +238,9 @@ class Postgres:
             "-c", "shared_buffers=64MB",
             "-c", "logging_collector=off",
             "-c", "log_min_messages=warning",
+            # never log the statement of a failed query: nova's cell mappings carry database
+            # URLs with their passwords (a re-run map_cell0 logged one as a duplicate key)
+            "-c", "log_min_error_statement=panic",
         ]  # fmt: skip
 
     def healthy(self) -> bool:

@@ -317,7 +317,7 @@ class Lab:
     def _check_federation(self) -> None:
         """The router's own loader must accept what the lab generated (the contract)."""
         try:
-            from scoperouter.catalog import load_catalog
+            from scoperouter.config import load_catalog
             from scoperouter.errors import ConfigError
         except ImportError:  # a trimmed install without the router core
             return
@@ -393,12 +393,20 @@ class Lab:
                 None if rec.alive() else f"the router exited; last lines of {log}:\n{tail(log)}"
             ),
         )
-        status = http_status(cloud.endpoint_url("identity", True))
-        if status != 200:
-            raise LabError(
-                f"{cloud.name}: GET {cloud.endpoint_url('identity', True)} through the router "
-                f"answered {status} (expected 200 from keystone); see {log}"
+        # A router just started may answer its first request slowly on a busy machine (its
+        # workers still warming up): ask again for a while before calling it broken.
+        identity = cloud.endpoint_url("identity", True)
+        try:
+            wait_for(
+                f"{cloud.name}: keystone through the router",
+                lambda: http_status(identity) == 200,
+                30,
             )
+        except TimeoutError:
+            raise LabError(
+                f"{cloud.name}: GET {identity} through the router answered "
+                f"{http_status(identity)} (expected 200 from keystone); see {log}"
+            ) from None
         return "restarted (changed)" if stopped else "started"
 
     def _phase_services(self, runners: list[CloudRunner]) -> None:

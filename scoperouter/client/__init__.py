@@ -55,7 +55,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from scoperouter.scope import (
-    Cloud,
+    CloudName,
     Expr,
     Scope,
     ScopeError,
@@ -161,7 +161,7 @@ class ScopedAuth:
     def scoperouter_unscoped(self) -> Any:
         """A copy of this plugin without the scope (its plain class)."""
         # Not copy.copy: that goes through __reduce_ex__ below, which calls this.
-        base: type = type(self).__scoped_base__  # type: ignore[attr-defined]
+        base: Any = type(self).__scoped_base__  # type: ignore[attr-defined]
         plain = base.__new__(base)
         plain.__dict__.update(
             (k, v) for k, v in self.__dict__.items() if k not in _SCOPED_ATTRIBUTES
@@ -213,7 +213,7 @@ def scope_auth(auth: Any, scope: Scope | str, default_cloud: str | None = None) 
     if isinstance(scope, str):
         scope = Scope.parse(scope)
     identity = scope.get("identity")
-    if default_cloud is not None and identity is not None and identity != Cloud(default_cloud):
+    if default_cloud is not None and identity is not None and identity != CloudName(default_cloud):
         # The token comes from the cloud the user authenticates with; keystone anywhere else
         # would answer an opaque 401 for every request. Say so before sending anything.
         raise ScopeError(

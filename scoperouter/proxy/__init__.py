@@ -1,22 +1,19 @@
-"""The mitmproxy adapter: one router process per cloud.
+"""The mitmproxy adapter: the router of one cloud, as a supervisor and its worker processes.
 
-``serve(config_path, cloud, watch=False)`` runs the router of `cloud` (reverse-proxy listeners
-on the cloud's frontends, a forward proxy on ``proxy.listen``) until SIGINT/SIGTERM and returns
-the exit code. SIGHUP (and, with ``watch``, a change of the file) reloads the config.
+``serve(options)`` runs the router (see :mod:`scoperouter.proxy.supervisor`) until SIGTERM or
+SIGINT and returns the exit code. Modules:
 
-Modules: ``addon`` (the ScopeRouter addon: routing in ``requestheaders``), ``engine`` (the
-embedded mitmproxy master and its lifecycle), ``listeners`` (mode specs), ``upstream`` (JSON
-error responses, connect and response timeouts).
+* ``supervisor`` - listening sockets (SO_REUSEPORT, one per worker), worker processes, reload,
+  draining, ``/metrics`` and ``/healthz`` (no mitmproxy import);
+* ``worker``, ``engine`` - one worker: the embedded mitmproxy master and its lifecycle;
+* ``addons/`` - the router's addons, one concern each (routing, limits, timeouts, peer health,
+  identity, errors, access log, metrics) and the chain that calls them;
+* ``mitm`` - every use of mitmproxy internals (checked by tests/unit/test_mitm_contract.py);
+* ``flowstate``, ``listeners``, ``logs``, ``metrics`` - shared pieces.
 """
 
 from __future__ import annotations
 
+from scoperouter.proxy.supervisor import Options, serve
 
-def serve(config_path: str, cloud: str, watch: bool = False) -> int:
-    """Run the router of `cloud` until SIGINT/SIGTERM; returns the process exit code."""
-    from scoperouter.proxy.engine import serve as _serve  # mitmproxy is imported only here
-
-    return _serve(config_path, cloud, watch)
-
-
-__all__ = ["serve"]
+__all__ = ["Options", "serve"]

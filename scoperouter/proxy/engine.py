@@ -1,4 +1,4 @@
-"""The embedded mitmproxy: a minimal `Master`, the router's listeners, signals and reload.
+"""One router worker: an embedded mitmproxy with the minimal addon set, signals and draining.
 
 mitmdump loads ~35 addons; dispatching every hook to all of them cost about half of the CPU of
 a proxied request. A plain HTTP(S) reverse/forward proxy needs only:
@@ -7,17 +7,24 @@ a proxied request. A plain HTTP(S) reverse/forward proxy needs only:
 * ``NextLayer``  - picks the protocol layers (TLS, HTTP) for each connection;
 * ``TlsConfig``  - certificates for TLS frontends, verification of HTTPS upstreams;
 
-plus :class:`~scoperouter.proxy.addon.ScopeRouter`. No termlog, dumper (flow_detail) or save
-addon is loaded: nothing is printed per flow by mitmproxy and no flow is stored.
+plus the router's own addons in one :class:`~scoperouter.proxy.addons.chain.Chain`. Nothing is
+printed per flow by mitmproxy and no flow is stored.
+
+A worker is started by the supervisor (:mod:`scoperouter.proxy.supervisor`) with the listening
+sockets it must accept on and a control socket: it writes ``ready`` there once it listens, and
+stops (draining) when the supervisor goes away. SIGHUP reloads the config in place (no
+connection is dropped); SIGTERM or SIGINT drain: stop accepting, close idle connections, let
+requests in flight finish for up to the drain time, then exit 0.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
+import socket
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from mitmproxy import exceptions, master, options
@@ -25,21 +32,19 @@ from mitmproxy.addons import next_layer, proxyserver, tlsconfig
 from mitmproxy.utils import asyncio_utils
 
 from scoperouter.catalog import Settings
-from scoperouter.proxy import upstream
-from scoperouter.proxy.addon import ScopeRouter
+from scoperouter.proxy import mitm
+from scoperouter.proxy.addons import InFlight, RouterConfig, router_addons
+from scoperouter.proxy.addons.chain import Chain
 from scoperouter.proxy.listeners import write_cert_bundles
 
 logger = logging.getLogger("scoperouter")
-
-WATCH_INTERVAL = 1.0
-DRAIN_GRACE = 5.0  # seconds requests in flight get to finish on SIGTERM
 
 BASE_OPTIONS = {
     "connection_strategy": "lazy",  # connect upstream only once the router has chosen where
     "stream_large_bodies": "1m",  # bodies above 1 MiB stream through, both directions
     "keep_host_header": True,  # services see the Host the client used (links to the router)
     "validate_inbound_headers": True,  # request smuggling protection: keep it on
-    "http2": False,  # HTTP/1.1 only: every error response goes through upstream.render_error
+    "http2": False,  # HTTP/1.1 only: every error response goes through mitm.render_error
     "http3": False,
     "upstream_cert": False,  # a TLS frontend presents its own certificate, never a copy
 }
@@ -53,29 +58,32 @@ def tls_options(settings: Settings) -> dict[str, object]:
     }
 
 
-class Router:
-    """One cloud's router: a mitmproxy Master with the minimal addon set and ScopeRouter."""
+class Worker:
+    """One cloud's router process: a mitmproxy Master with the minimal addon set and ours."""
 
-    def __init__(self, config_path: str, cloud: str, workdir: Path) -> None:
-        self.addon = ScopeRouter()
+    def __init__(
+        self,
+        config_path: str,
+        cloud: str,
+        workdir: Path,
+        source: str | None = None,
+        base_dir: Path | None = None,
+    ) -> None:
+        self.config = RouterConfig(source, base_dir)
+        self.chain = Chain(router_addons(self.config))
         self.options = options.Options()
         self.master = master.Master(self.options, with_termlog=False)
-        # mitmproxy copies every log record into a deprecated "add_log" event for addons that
-        # no addon here uses: ~18 us per log line (bench/README.md). Our log lines go straight
-        # to Python logging.
-        legacy = getattr(self.master, "_legacy_log_events", None)
-        if legacy is not None:
-            legacy.uninstall()
+        mitm.quiet_master(self.master)
+        mitm.fast_hooks(self.master)
         self.master.addons.add(
-            proxyserver.Proxyserver(), next_layer.NextLayer(), tlsconfig.TlsConfig(), self.addon
+            proxyserver.Proxyserver(), next_layer.NextLayer(), tlsconfig.TlsConfig(), self.chain
         )
         # mitmproxy's CA (TlsConfig needs one) lives and dies in workdir, never in ~/.mitmproxy.
         self.options.update(confdir=str(workdir))
         # Loads and validates the config (OptionsError when it is unusable).
         self.options.update(scoperouter_config=config_path, scoperouter_cloud=cloud)
-        catalog = self.addon.catalog
-        assert catalog is not None
-        listeners = self.addon.listeners
+        catalog = self.config.current()
+        listeners = self.config.listeners
         self.options.update(
             **BASE_OPTIONS,
             **tls_options(catalog.settings),
@@ -85,39 +93,49 @@ class Router:
 
     def reload(self) -> None:
         try:
-            swapped = self.addon.reload()
-            if swapped and self.addon.catalog is not None:
-                self.options.update(**tls_options(self.addon.catalog.settings))
+            if self.config.reload():
+                self.options.update(**tls_options(self.config.current().settings))
         except Exception:  # a reload must never take the router down
             logger.exception("reload failed; the current config stays in use")
 
-    async def run(self, watch: bool) -> int:
+    async def run(self, control: socket.socket | None, drain: float) -> int:
         loop = asyncio.get_running_loop()
         ps = self.master.addons.get("proxyserver")
-        signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
         with asyncio_utils.install_exception_handler(self.master._asyncio_exception_handler):
-            for sig in signals[:2]:
+            for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, self.master.shutdown)
             loop.add_signal_handler(signal.SIGHUP, self.reload)
             try:
-                return await self._serve(ps, watch)
+                return await self._serve(ps, control, drain)
             finally:
-                for sig in signals:
+                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                     loop.remove_signal_handler(sig)
 
-    async def _serve(self, ps: proxyserver.Proxyserver, watch: bool) -> int:
+    async def _serve(
+        self, ps: proxyserver.Proxyserver, control: socket.socket | None, drain: float
+    ) -> int:
+        cloud = self.config.cloud
         if not await ps.setup_servers():
-            logger.error("could not start the listeners of %s; exiting", self.addon.cloud)
+            logger.error("could not start the listeners of %s; exiting", cloud)
             await ps.servers.update([])  # the ones that did start
             return 1
-        addresses = ", ".join(item.address for item in self.addon.listeners)
+        watcher = None
+        if control is not None:
+            reader, writer = await asyncio.open_connection(sock=control)
+            try:
+                writer.write(b"ready\n")
+                await writer.drain()
+            except OSError:
+                logger.error("the supervisor of %s is gone; exiting", cloud)
+                await ps.servers.update([])
+                return 1
+            watcher = asyncio.create_task(self._watch_supervisor(reader))
         logger.info(
             "router of %s listening on %s (%s)",
-            self.addon.cloud,
-            addresses,
-            self.addon.catalog.describe() if self.addon.catalog else "-",
+            cloud,
+            ", ".join(item.address for item in self.config.listeners),
+            self.config.current().describe(),
         )
-        watcher = asyncio.create_task(self._watch()) if watch else None
         try:
             await self.master.running()
             await self.master.should_exit.wait()
@@ -125,63 +143,58 @@ class Router:
             if watcher is not None:
                 watcher.cancel()
             try:
-                await self._drain(ps)
+                await self._drain(ps, drain)
             finally:
                 await self.master.done()
-        logger.info("router of %s stopped", self.addon.cloud)
+        logger.info("router of %s stopped", cloud)
         return 0
 
-    async def _drain(self, ps: proxyserver.Proxyserver) -> None:
-        """Stop listening, close idle client connections, give requests in flight a moment."""
+    async def _watch_supervisor(self, reader: asyncio.StreamReader) -> None:
+        """The supervisor holds the other end: end of file means it is gone, so stop."""
+        await reader.read()
+        logger.warning("the supervisor is gone; stopping")
+        self.master.shutdown()
+
+    async def _drain(self, ps: proxyserver.Proxyserver, grace: float) -> None:
+        """Stop listening, close idle client connections, give requests in flight `grace`
+        seconds, then close what is left."""
         loop = asyncio.get_running_loop()
         await ps.servers.update([])
-        deadline = loop.time() + DRAIN_GRACE
+        inflight = self.chain.get(InFlight)
+        deadline = loop.time() + grace
         while ps.connections:
-            busy = self.addon.busy_clients()
-            for client_id, handler in list(ps.connections.items()):
-                if client_id not in busy or loop.time() > deadline:
-                    io = handler.transports.get(handler.client)
-                    if io is not None and io.writer is not None and not io.writer.is_closing():
-                        io.writer.close()
+            busy = inflight.busy()
+            late = loop.time() > deadline
+            for client_id in mitm.client_ids():
+                if late or client_id not in busy:
+                    mitm.close_client(client_id)
             if loop.time() > deadline + 1.0:
                 break
             await asyncio.sleep(0.02)
 
-    async def _watch(self) -> None:
-        """Reload when the config file's mtime (or size) changes; checked every second."""
-        path = self.addon.config_path
-        last = _stamp(path)
-        while True:
-            await asyncio.sleep(WATCH_INTERVAL)
-            now = _stamp(path)
-            if now != last:
-                last = now
-                self.reload()
 
-
-def _stamp(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size
-
-
-def serve(config_path: str, cloud: str, watch: bool = False) -> int:
-    """Run the router of `cloud` until SIGINT/SIGTERM; the process exit code."""
-    if logger.getEffectiveLevel() >= logging.INFO:
-        # One line per request is ours; mitmproxy's connection chatter only with DEBUG.
-        logging.getLogger("mitmproxy").setLevel(logging.WARNING)
-    upstream.install()
+def run_worker(
+    config_path: str,
+    cloud: str,
+    sockets: Mapping[tuple[str, int], socket.socket],
+    control: socket.socket | None,
+    drain: float,
+    source: str | None = None,
+    base_dir: Path | None = None,
+) -> int:
+    """Run one worker until it is told to stop; the process exit code. `config_path` may be a
+    copy of the config (`source` names the original, `base_dir` is its directory)."""
+    mitm.install()
+    mitm.use_listen_sockets(sockets)
     with tempfile.TemporaryDirectory(prefix="scoperouter-") as workdir:
 
         async def main() -> int:
             try:
-                router = Router(config_path, cloud, Path(workdir))
+                worker = Worker(config_path, cloud, Path(workdir), source, base_dir)
             except exceptions.OptionsError as exc:
                 logger.error("cannot start the router of %s: %s", cloud, exc)
                 return 2
-            return await router.run(watch)
+            return await worker.run(control, drain)
 
         try:
             return asyncio.run(main())

@@ -23,10 +23,9 @@ logger = logging.getLogger("scoperouter")
 @dataclass(frozen=True, slots=True)
 class Listener:
     spec: str  # mitmproxy mode spec; also how the addon recognises the listener of a flow
-    mode: str  # "reverse" | "forward"
     host: str
     port: int
-    frontend: Frontend | None = None  # reverse mode
+    frontend: Frontend | None = None  # reverse mode; None: the forward proxy
 
     @property
     def address(self) -> str:
@@ -47,7 +46,6 @@ def listeners_for(catalog: Catalog, cloud: str) -> tuple[Listener, ...]:
         found.append(
             Listener(
                 f"reverse:http://{target}@{listen}",
-                "reverse",
                 frontend.listen_host,
                 frontend.listen_port,
                 frontend,
@@ -55,7 +53,7 @@ def listeners_for(catalog: Catalog, cloud: str) -> tuple[Listener, ...]:
         )
     if spec.proxy_listen is not None:
         host, port = spec.proxy_listen
-        found.append(Listener(f"regular@{_hostport(host, port)}", "forward", host, port))
+        found.append(Listener(f"regular@{_hostport(host, port)}", host, port))
     return tuple(found)
 
 

@@ -173,12 +173,14 @@ def test_cli_server_in_cloudone_from_an_image_of_cloudtwo(lab, fed):
         listed = {s["ID"]: s for s in _cli(lab, one.slug, "server", "list")}
         assert listed[server["id"]]["Status"] == "ACTIVE"
         # nova-api of CloudOne fetched the image from CloudTwo's glance, through router2
+        entries = [json.loads(line) for line in _new_log_lines(lab, two, since) if line[:1] == "{"]
         fetched = [
-            line
-            for line in _new_log_lines(lab, two, since)
-            if f"GET /v2/images/{tiny[two.name]} service=image cloud={two.name}" in line
+            entry
+            for entry in entries
+            if entry.get("path") == f"/v2/images/{tiny[two.name]}"
+            and (entry.get("service"), entry.get("cloud")) == ("image", two.name)
         ]
-        assert fetched and all("status=200" in line for line in fetched), fetched
+        assert fetched and all(entry["status"] == 200 for entry in fetched), fetched
     finally:
         _cli(lab, one.slug, "server", "delete", "--wait", server["id"], scope=scope,
              json_out=False)  # fmt: skip
@@ -278,7 +280,9 @@ def _revoked_token(lab, cloud) -> str:
     assert status == 200, f"a fresh token does not validate ({status})"
     _cli(lab, cloud.slug, "token", "revoke", token, json_out=False)
     status, _ = _http("GET", keystone, token, headers={"X-Subject-Token": token})
-    assert status == 404, f"a revoked token still validates ({status})"
+    # keystone refuses it either as the caller's token (401) or as the subject (404), depending
+    # on which check its token cache answers first
+    assert status in (401, 404), f"a revoked token still validates ({status})"
     return token
 
 

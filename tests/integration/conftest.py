@@ -9,7 +9,8 @@
     CloudFull       127.0.0.6  frontends on a port a test fills (connect hangs)      -> 504
     CloudGarbage    127.0.0.17 frontend answering bytes that are not HTTP            -> 502
 
-Short timeouts (connect 1 s, response 1.5 s) keep the error tests fast.
+Short timeouts (connect 1 s, response 1.5 s) keep the error tests fast; the circuit breaker
+never trips here (test_health.py has its own routers for it).
 """
 
 from __future__ import annotations
@@ -100,6 +101,9 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]
         clouds,
         connect_timeout=CONNECT_TIMEOUT,
         response_timeout=RESPONSE_TIMEOUT,
+        # Each error test expects its own timeout or refusal: no upstream is marked down here
+        # (test_health.py tests the breaker with routers of its own).
+        breaker={"failures": 1000},
     )
     start_all(routers.values())
     try:

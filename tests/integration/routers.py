@@ -83,12 +83,15 @@ class Router:
     log: Path
     addresses: list[tuple[str, int]]
     watch: bool = False
+    workers: int = 1
+    extra_args: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _terminated: bool = field(default=False, repr=False)
 
     def start(self) -> Router:
         command = [*scoperouter_command(), "serve", "--config", str(self.config)]
-        command += ["--cloud", self.cloud] + (["--watch"] if self.watch else [])
+        command += ["--cloud", self.cloud, "--workers", str(self.workers)]
+        command += (["--watch"] if self.watch else []) + self.extra_args
         env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
@@ -102,19 +105,24 @@ class Router:
         return self.proc.pid
 
     def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
-        """Until every listener accepts connections; fails with the log if the router died."""
+        """Until every worker listens (the supervisor says so, and every listener accepts
+        connections); fails with the log if the router died."""
         assert self.proc is not None
         deadline = time.monotonic() + timeout
         pending = list(self.addresses)
-        while pending:
+        ready = f"router of {self.cloud}: {self.workers} worker"
+        while pending or ready not in self.log_text():
             if self.proc.poll() is not None:
                 raise AssertionError(
                     f"router {self.cloud} exited with {self.proc.returncode}:\n{self.log_text()}"
                 )
             if time.monotonic() > deadline:
                 raise AssertionError(
-                    f"router {self.cloud} not listening on {pending}:\n{self.log_text()}"
+                    f"router {self.cloud} not ready ({pending}):\n{self.log_text()}"
                 )
+            if not pending:
+                time.sleep(0.05)
+                continue
             try:
                 socket.create_connection(pending[0], timeout=0.5).close()
             except OSError:
@@ -161,6 +169,27 @@ class Router:
                 return log
             if time.monotonic() > deadline:
                 raise AssertionError(f"{text!r} not in the log of {self.cloud}:\n{log}")
+            time.sleep(0.05)
+
+    def access(self) -> list[dict[str, Any]]:
+        """The access log entries (JSON lines of the logger scoperouter.access) so far."""
+        entries = []
+        for line in self.log_text().splitlines():
+            if line.startswith("{") and '"scoperouter.access"' in line:
+                entries.append(json.loads(line))
+        return entries
+
+    def wait_for_access(
+        self, count: int = 1, timeout: float = 10.0, **match: Any
+    ) -> list[dict[str, Any]]:
+        """Until `count` access entries have every field of `match`; returns them."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [e for e in self.access() if all(e.get(k) == v for k, v in match.items())]
+            if len(found) >= count:
+                return found
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no access entry {match} of {self.cloud}:\n{self.log_text()}")
             time.sleep(0.05)
 
 

@@ -204,3 +204,63 @@ def test_router_that_cannot_listen_exits_with_1(federation: Federation, tmp_path
     assert second.proc.wait(timeout=30) == 1
     assert "could not start the listeners of CloudOne" in second.log_text()
     assert "address already in use" in second.log_text()
+
+
+@pytest.fixture
+def backend_loop(tmp_path: Path) -> Iterator[tuple[str, list[Router]]]:
+    """Two routers, each with a config that is fine on its own, whose image backends are each
+    other's frontends (an operator's copy-paste): requests bounce between them."""
+    port_a, port_b = free_port("127.0.0.26"), free_port("127.0.0.27")
+    config_a = write_config(
+        tmp_path / "a.yaml",
+        {
+            "LoopA": cloud_entry(
+                "127.0.0.26", {"image": (port_a, "", f"http://127.0.0.27:{port_b}")}
+            )
+        },
+        hop_limit=4,
+    )
+    config_b = write_config(
+        tmp_path / "b.yaml",
+        {
+            "LoopB": cloud_entry(
+                "127.0.0.27", {"image": (port_b, "", f"http://127.0.0.26:{port_a}")}
+            )
+        },
+        hop_limit=4,
+    )
+    routers = start_all(
+        [
+            Router("LoopA", config_a, tmp_path / "a.log", [("127.0.0.26", port_a)]),
+            Router("LoopB", config_b, tmp_path / "b.log", [("127.0.0.27", port_b)]),
+        ]
+    )
+    try:
+        yield f"http://127.0.0.26:{port_a}", routers
+    finally:
+        assert set(stop_all(routers).values()) == {0}
+
+
+def test_a_backend_loop_stops_with_508_within_hop_limit(
+    backend_loop: tuple[str, list[Router]],
+) -> None:
+    url, routers = backend_loop
+    reply = request("GET", url + "/v2/images", headers={"X-Auth-Token": "tok"})
+    assert_json_error(reply, 508, "routing loop", "hop_limit 4", "no backend is a router")
+    # Bounded: hop_limit passes, then the refusal; every router logged its part once.
+    entries = [e for r in routers for e in r.wait_for_access(path="/v2/images")]
+    assert len(entries) == 5, entries
+    assert len({e["request_id"] for e in entries}) == 1  # one request id along the loop
+
+
+def test_answers_mitmproxy_makes_itself_are_json_and_logged(
+    federation: Federation, one: Router
+) -> None:
+    """A forward-proxy request in origin form without a host is refused before any hook runs."""
+    host, port = federation.proxies["CloudOne"].removeprefix("http://").split(":")
+    reply = raw_exchange(host, int(port), b"GET /no-host HTTP/1.1\r\n\r\n")
+    message = assert_json_error(reply, 400, "no host header")
+    deadline = time.monotonic() + 10
+    while not any(e.get("reason", "").startswith(message[:30]) for e in one.access()):
+        assert time.monotonic() < deadline, one.log_text()[-2000:]
+        time.sleep(0.1)

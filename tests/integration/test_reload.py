@@ -118,8 +118,8 @@ def test_listener_change_asks_for_a_restart(solo: Setup) -> None:
     new_port = free_port(HOST)
     solo.write(solo.new, port=new_port)
     solo.router.signal(signal.SIGHUP)
-    log = solo.router.wait_for_log("restarted")
-    assert "listeners or certificates of Solo changed" in log
+    log = solo.router.wait_for_log("take effect when the router is restarted")
+    assert "listen addresses of Solo changed" in log
     # The new catalog is used, but listeners are not hot-swapped: the running listener stays
     # and its frontend is no longer in the catalog (it moved) -> 404 until the restart.
     reply = request("GET", solo.url + "/v2/images")

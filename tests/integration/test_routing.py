@@ -41,7 +41,7 @@ def test_unscoped_request_goes_to_the_local_backend(federation: Federation) -> N
     # The client's Host header is kept: services build links that point at the router.
     assert seen["headers"]["host"] == url.split("/")[2]
     assert seen["headers"]["x-auth-token"] == "tok"
-    assert "x-scope-hops" not in seen["headers"]
+    assert seen["headers"]["x-scope-hops"] == "1"  # one router crossed (loop safety)
 
 
 def test_identity_path_prefix_is_mapped_to_the_backend(federation: Federation) -> None:
@@ -62,10 +62,11 @@ def test_scope_sends_the_request_through_the_remote_router(
     assert seen["backend"] == "CloudTwo-image"
     assert seen["path"] == "/v2/images/abc"
     assert seen["headers"]["host"] == url.split("/")[2]
-    # The hop counter is for routers only: removed before the backend.
-    assert "x-scope-hops" not in seen["headers"]
-    # It went through CloudTwo's router (one log line there for this path).
-    two.wait_for_log("GET /v2/images/abc service=image cloud=CloudTwo")
+    # Two routers crossed; the count reaches the backend too (a backend that is a router).
+    assert seen["headers"]["x-scope-hops"] == "2"
+    # It went through CloudTwo's router (one log line there, with the same request id).
+    [there] = two.wait_for_access(path="/v2/images/abc", service="image", cloud="CloudTwo")
+    assert seen["headers"]["x-scope-request-id"] == there["request_id"]
 
 
 def test_partial_scope_is_completed_on_token_and_x_scope(federation: Federation) -> None:
@@ -234,14 +235,15 @@ def test_one_log_line_per_request_without_secrets(federation: Federation, one: R
         "X-Scope": '{"image": "CloudTwo"}',
     }
     url = federation.url("CloudOne", "image", "/v2/images/log-check?password=hunter2")
-    assert request("GET", url, headers=headers).status == 200
-    log = one.wait_for_log("GET /v2/images/log-check ")
-    lines = [line for line in log.splitlines() if "/v2/images/log-check" in line]
-    assert len(lines) == 1, lines
-    line = lines[0]
-    for part in ("service=image", "cloud=CloudTwo", "status=200", "ms="):
-        assert part in line
-    assert "target=http://" in line
+    reply = request("GET", url, headers=headers)
+    assert reply.status == 200
+    [entry] = one.wait_for_access(path="/v2/images/log-check")
+    assert entry["service"] == "image" and entry["cloud"] == "CloudTwo"
+    assert entry["status"] == 200 and entry["decision"] == "remote" and entry["ms"] >= 0
+    assert entry["target"].startswith("http://") and entry["request_id"].startswith("req-")
+    assert reply.headers["x-scope-request-id"] == entry["request_id"]
+    log = one.log_text()
+    assert len([line for line in log.splitlines() if "/v2/images/log-check" in line]) == 1
     for secret_part in (secret, "hunter2", "password", "!SCOPE!"):
         assert secret_part not in log
 

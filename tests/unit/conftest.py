@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from scoperouter.catalog import Catalog, load_catalog
+from scoperouter.catalog import Catalog
+from scoperouter.config import load_catalog
 
 SAMPLE = Path(__file__).resolve().parents[2] / "config" / "federation.yaml"
 

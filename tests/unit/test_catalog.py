@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from scoperouter.catalog import Catalog, build_catalog, load_catalog, parse_url
+from scoperouter.catalog import Catalog, parse_url
+from scoperouter.config import build_catalog, load_catalog
 from scoperouter.errors import ConfigError
 
 from .conftest import SAMPLE
@@ -137,8 +138,52 @@ def _error(mutate: Any) -> ConfigError:
             lambda d: d["clouds"]["CloudOne"]["services"]["image"]["public"].update(
                 backend="http://127.0.0.2:9292"
             ),
-            "f.yaml: clouds.CloudOne.services.image.public",
-            "both a router URL and a backend URL",
+            "f.yaml: clouds.CloudOne.services.image.public.backend",
+            "is where the router of CloudOne listens",
+        ),
+        (  # another cloud's router as a backend: requests would bounce between the two
+            lambda d: d["clouds"]["CloudOne"]["services"]["image"]["public"].update(
+                backend="http://127.0.0.3:9292"
+            ),
+            "f.yaml: clouds.CloudOne.services.image.public.backend",
+            "is where the router of CloudTwo listens",
+        ),
+        (  # the forward proxy is the router too
+            lambda d: d["clouds"]["CloudTwo"]["services"]["image"]["public"].update(
+                backend="http://127.0.0.2:3128"
+            ),
+            "f.yaml: clouds.CloudTwo.services.image.public.backend",
+            "is where the router of CloudOne listens",
+        ),
+        (
+            lambda d: d["settings"].update(limits={"max_headers": 0}),
+            "f.yaml: settings.limits.max_headers",
+            "positive integer",
+        ),
+        (
+            lambda d: d["settings"].update(limits={"max_request_line": 100000}),
+            "f.yaml: settings.limits.max_request_line",
+            "not be larger than max_header_bytes",
+        ),
+        (
+            lambda d: d["settings"].update(limits={"header_time": 3}),
+            "f.yaml: settings.limits.header_time",
+            "unknown key",
+        ),
+        (
+            lambda d: d["settings"].update(breaker={"down_for": -1}),
+            "f.yaml: settings.breaker.down_for",
+            "positive number",
+        ),
+        (
+            lambda d: d["settings"].update(peer_response_timeout=0),
+            "f.yaml: settings.peer_response_timeout",
+            "positive number",
+        ),
+        (
+            lambda d: d["clouds"]["CloudOne"].update(metrics={"listen": "x"}),
+            "f.yaml: clouds.CloudOne.metrics.listen",
+            "is not HOST:PORT",
         ),
     ],
 )
@@ -146,6 +191,21 @@ def test_config_errors_say_where(mutate: Any, location: str, fragment: str) -> N
     err = _error(mutate)
     assert err.location == location
     assert fragment in err.message
+
+
+def test_settings_defaults_and_peer_timeouts() -> None:
+    data = sample()
+    data["settings"] = {"connect_timeout": 2, "response_timeout": 30}
+    settings = build_catalog(data).settings
+    assert settings.timeouts(remote=False) == (2.0, 30.0)
+    assert settings.timeouts(remote=True) == (2.0, 30.0)  # peers default to the same
+    data["settings"].update(peer_connect_timeout=1, peer_response_timeout=10)
+    data["settings"]["limits"] = {"max_headers": 50, "header_timeout": 5}
+    settings = build_catalog(data).settings
+    assert settings.timeouts(remote=True) == (1.0, 10.0)
+    assert settings.limits.max_headers == 50 and settings.limits.header_timeout == 5.0
+    assert settings.limits.max_header_bytes == 65536  # the rest stays default
+    assert settings.breaker.failures == 1 and settings.breaker.down_for == 10.0
 
 
 def test_interfaces_sharing_a_url_are_fine_public_wins() -> None:

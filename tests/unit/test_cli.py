@@ -118,3 +118,35 @@ def test_route_shows_a_token_validation_leaving_the_cloud(
     assert "swap:     X-Auth-Token: checked with CloudTwo's keystone" in out
     assert "twinned into region CloudTwo" in out
     assert "s3cr3t" not in out
+
+
+def test_check_config_shows_settings_and_status_addresses(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(capsys, "check-config", CFG)
+    assert code == 0
+    assert "hop_limit 8" in out and "limits 100 headers, 65536 bytes" in out
+    assert "down for 10s after 1 failure" in out
+    assert "CloudOne (region CloudOne)" in out and "metrics 127.0.0.2:9180" in out
+
+
+def test_check_config_refuses_a_backend_that_is_a_router(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    text = SAMPLE.read_text().replace(
+        "backend: http://127.0.1.2:9292", "backend: http://127.0.0.3:9292"
+    )
+    path = tmp_path / "loop.yaml"
+    path.write_text(text)
+    code, _, err = run(capsys, "check-config", str(path))
+    assert code == 1
+    assert "clouds.CloudOne.services.image.public.backend" in err
+    assert "router of CloudTwo listens" in err and "routing loop" in err
+
+
+def test_serve_help_explains_workers_and_signals(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    out = capsys.readouterr().out
+    for part in ("--workers", "SO_REUSEPORT", "SIGHUP", "SIGTERM", "/metrics", "--drain"):
+        assert part in out

@@ -27,3 +27,11 @@ def test_router_clouds_yaml_sample_loads_with_secrets_merged() -> None:
 def test_federation_sample_names_the_router_entries(catalog: Catalog) -> None:
     assert catalog.clouds["CloudOne"].credentials == {"CloudTwo": "router-at-cloudtwo"}
     assert catalog.clouds["CloudTwo"].credentials == {"CloudOne": "router-at-cloudone"}
+
+
+def test_federation_sample_spells_out_the_defaults(catalog: Catalog) -> None:
+    """The sample's settings block documents the defaults: loading it changes nothing."""
+    from scoperouter.catalog import Settings
+
+    assert catalog.settings == Settings()
+    assert catalog.clouds["CloudOne"].metrics_listen == ("127.0.0.2", 9180)

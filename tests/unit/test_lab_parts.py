@@ -23,7 +23,7 @@ from scoperouter_lab.layout import CloudSpec, resolve_services
 from scoperouter_lab.procs import ProcessTable, group_members
 from scoperouter_lab.templates import Secrets
 
-from scoperouter.catalog import load_catalog
+from scoperouter.config import load_catalog
 
 SECRETS = Secrets(admin="a", demo="d", service="s", db="p", rabbit="r", router="x", alt_demo="l")
 

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from scoperouter.catalog import Catalog, build_catalog
+from scoperouter.catalog import Catalog
+from scoperouter.config import build_catalog
 from scoperouter.errors import Reject
 from scoperouter.routing import Forward, RequestFacts, decide
 
@@ -25,7 +26,13 @@ def facts(
     **headers: str,
 ) -> RequestFacts:
     return RequestFacts(
-        "GET", "http", host, port, path, {k.replace("_", "-"): v for k, v in headers.items()}, mode
+        method="GET",
+        scheme="http",
+        host=host,
+        port=port,
+        path=path,
+        headers={k.replace("_", "-"): v for k, v in headers.items()},
+        mode=mode,  # type: ignore[arg-type]
     )
 
 
@@ -46,7 +53,7 @@ def reject(catalog: Catalog, f: RequestFacts, cloud: str = "CloudOne") -> Reject
 def test_unscoped_goes_to_local_backend_unchanged(catalog: Catalog) -> None:
     d = forward(catalog, facts(x_auth_token="tok"))
     assert (d.cloud, d.remote, d.url) == ("CloudOne", False, "http://127.0.1.2:9292/v2/images")
-    assert d.set_headers == {} and d.remove_headers == {"x-scope-hops"} and d.scope is None
+    assert d.set_headers == {"x-scope-hops": "1"} and d.scope is None
 
 
 def test_scope_on_token_routes_to_remote_router_and_completes(catalog: Catalog) -> None:
@@ -64,7 +71,7 @@ def test_remote_router_sends_complete_scope_to_its_backend(catalog: Catalog) -> 
     d = forward(catalog, f, cloud="CloudTwo")
     assert (d.cloud, d.remote, d.url) == ("CloudTwo", False, "http://127.0.1.3:9292/v2/images")
     assert d.set_headers["x-auth-token"] == f"tok!SCOPE!{FULL}"  # "local" kept its meaning
-    assert "x-scope-hops" in d.remove_headers
+    assert d.set_headers["x-scope-hops"] == "2"  # carried to the backend too
 
 
 def test_x_scope_header_alone(catalog: Catalog) -> None:
@@ -113,7 +120,7 @@ def test_subject_token_scope_routes_token_validation(catalog: Catalog) -> None:
 def test_subject_token_scope_is_stripped_for_non_identity_too(catalog: Catalog) -> None:
     d = forward(catalog, facts(x_auth_token="tok", x_subject_token='u!SCOPE!{"image": "CloudOne"}'))
     assert d.scope is None  # unscoped request (the subject token's scope routes identity only)
-    assert d.set_headers == {"x-subject-token": "u"}
+    assert d.set_headers == {"x-subject-token": "u", "x-scope-hops": "1"}
     d = forward(catalog, facts(x_auth_token="tok", x_subject_token="plain"))
     assert "x-subject-token" not in d.set_headers
 
@@ -157,6 +164,7 @@ def test_forward_mode_catalog_destinations(catalog: Catalog) -> None:
         (facts(x_scope='{"image": "CloudTwo", "x": "A"}'), 400, "unknown cloud 'A' for 'x'"),
         (facts(x_scope='{"volume": "CloudTwo &"}'), 400, "scope for 'volume': expected a cloud"),
         (facts(x_scope='{"image": "CloudTwo"}', x_scope_hops="8"), 508, "routing loop"),
+        (facts(x_scope_hops="8"), 508, "no backend is a router"),
         (facts(x_scope_hops="²"), 400, "invalid x-scope-hops"),
         (facts(x_scope_hops="-1"), 400, "invalid x-scope-hops"),
     ],
@@ -197,11 +205,20 @@ def test_cloud_without_the_service_is_refused() -> None:
     assert r.status == 400 and "cloud 'CloudTwo' has no 'placement' service" in r.message
 
 
-def test_hop_limit_counts_each_remote_forward(catalog: Catalog) -> None:
-    d = forward(catalog, facts(x_scope='{"image": "CloudTwo"}', x_scope_hops="7"))
-    assert d.set_headers["x-scope-hops"] == "8"
-    d = forward(catalog, facts(x_scope='{"image": "CloudOne"}', x_scope_hops="8"))
-    assert d.remote is False  # a local delivery is never a loop
+def test_hop_count_is_checked_on_every_hop(catalog: Catalog) -> None:
+    d = forward(catalog, facts(x_scope='{"image": "CloudTwo"}', x_scope_hops="6"))
+    assert d.set_headers["x-scope-hops"] == "7"
+    d = forward(catalog, facts(x_scope='{"image": "CloudOne"}', x_scope_hops="7"))
+    assert d.remote is False and d.set_headers["x-scope-hops"] == "8"
+    # Arriving having crossed hop_limit routers: refused wherever it would go, a local backend
+    # (which may be a router, misconfigured), an unscoped request, a path of no service.
+    for f in (
+        facts(x_scope='{"image": "CloudOne"}', x_scope_hops="8"),
+        facts(x_scope_hops="8"),
+        facts("/nothing/here", 9999, x_scope_hops="9"),
+    ):
+        r = reject(catalog, f)
+        assert r.status == 508 and "already crossed" in r.message
 
 
 def test_decision_is_independent_of_cloud_count() -> None:
@@ -305,3 +322,61 @@ def test_another_clouds_backend_is_reached_through_its_router(catalog: Catalog) 
     assert (d.cloud, d.remote, d.url) == ("CloudTwo", True, "http://127.0.0.3:9292/v2/images")
     d = forward(catalog, facts(mode="forward", host="127.0.1.2", x_auth_token="tok"))
     assert (d.cloud, d.remote, d.url) == ("CloudOne", False, "http://127.0.1.2:9292/v2/images")
+
+
+# ----------------------------------------------------------------- scopes a workflow cannot honour
+
+
+def test_placement_follows_compute_when_completed(catalog: Catalog) -> None:
+    d = forward(catalog, facts("/servers", 8774, x_scope='{"compute": "CloudTwo"}'))
+    assert d.cloud == "CloudTwo"
+    assert '"placement":"CloudTwo"' in d.set_headers["x-scope"]  # not this router's cloud
+
+
+def test_placement_named_away_from_compute_is_refused_for_compute(catalog: Catalog) -> None:
+    scope = '{"placement": "CloudTwo"}'  # compute: completed with CloudOne
+    r = reject(catalog, facts("/servers", 8774, x_scope=scope))
+    assert r.status == 400
+    assert "'CloudTwo' for placement but 'CloudOne' for compute" in r.message
+    assert "own credentials" in r.message
+    # ... but honoured where it means something: placement's own API, and other services.
+    d = forward(catalog, facts("/resource_providers", 8778, x_scope=scope))
+    assert (d.cloud, d.service_type) == ("CloudTwo", "placement")
+    assert forward(catalog, facts(x_scope=scope)).cloud == "CloudOne"
+    both = '{"placement": "CloudTwo", "compute": "CloudTwo"}'
+    assert forward(catalog, facts("/servers", 8774, x_scope=both)).cloud == "CloudTwo"
+
+
+# ----------------------------------------------------------------- bounded cost and memory
+
+
+def test_scope_entries_are_bounded_before_any_is_parsed(catalog: Catalog) -> None:
+    many = json.dumps({f"s{i}": "CloudOne" for i in range(372)})  # under the 8 KiB cap
+    r = reject(catalog, facts(x_scope=many))
+    assert r.status == 400 and "372 service types; at most 100" in r.message
+    # Up to the bound, unknown service types are carried (issue 13), not refused.
+    carried = json.dumps({f"svc-{i}": "CloudTwo" for i in range(99)})
+    assert forward(catalog, facts(x_scope=carried)).cloud == "CloudOne"
+
+
+def test_refused_scopes_are_never_memoised(catalog: Catalog) -> None:
+    before = len(catalog.memo)
+    for i in range(50):
+        reject(catalog, facts(x_scope=f'{{"image": "Nowhere{i}"}}'))
+    assert len(catalog.memo) == before
+    forward(catalog, facts(x_scope='{"image": "CloudTwo"}'))
+    assert len(catalog.memo) == before + 1
+
+
+def test_the_memo_has_a_budget(catalog: Catalog) -> None:
+    from scoperouter.catalog import MEMO_BUDGET
+
+    names = ["identity", "image", "compute", "placement"]
+    used = 0
+    for i in range(3000):
+        extra = {f"x{i}-{n}-{'a' * 60}": "CloudOne" for n in names}  # distinct, ~400 chars
+        text = json.dumps({"image": "CloudTwo", **extra})
+        forward(catalog, facts(x_scope=text))
+        used += len(text)
+    assert used > MEMO_BUDGET  # more than the budget went through ...
+    assert len(catalog.memo) < 3000  # ... and the memo was cleared on the way

@@ -12,7 +12,7 @@ from scoperouter.scope import (
     MAX_DEPTH,
     AllOf,
     AnyOf,
-    Cloud,
+    CloudName,
     Scope,
     ScopeError,
     clouds_of,
@@ -22,14 +22,14 @@ from scoperouter.scope import (
     split_token,
 )
 
-A, B, C = Cloud("A"), Cloud("B"), Cloud("C")
+A, B, C = CloudName("A"), CloudName("B"), CloudName("C")
 
 
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("CloudOne", Cloud("CloudOne")),
-        ("  CloudOne ", Cloud("CloudOne")),
+        ("CloudOne", CloudName("CloudOne")),
+        ("  CloudOne ", CloudName("CloudOne")),
         ("A | B", AnyOf((A, B))),
         ("A & B", AllOf((A, B))),
         ("A | B & C", AnyOf((A, AllOf((B, C))))),  # & binds tighter than |
@@ -37,7 +37,7 @@ A, B, C = Cloud("A"), Cloud("B"), Cloud("C")
         ("(A | B) & C", AllOf((AnyOf((A, B)), C))),
         ("A | (B | C)", AnyOf((A, B, C))),  # flattened: one form per meaning
         ("((A))", A),
-        ("region-1.east:x_y", Cloud("region-1.east:x_y")),
+        ("region-1.east:x_y", CloudName("region-1.east:x_y")),
     ],
 )
 def test_parse_expression(text: str, expected: object) -> None:
@@ -79,7 +79,7 @@ def test_non_string_expression_is_refused() -> None:
 
 def test_scope_parse_and_canonical_json() -> None:
     scope = Scope.parse('{"image": "CloudTwo", "compute": "A | B&C"}')
-    assert dict(scope) == {"compute": AnyOf((A, AllOf((B, C)))), "image": Cloud("CloudTwo")}
+    assert dict(scope) == {"compute": AnyOf((A, AllOf((B, C)))), "image": CloudName("CloudTwo")}
     assert scope.to_json() == '{"compute":"A | B & C","image":"CloudTwo"}'
     assert Scope.parse(scope.to_json()) == scope
 
@@ -124,7 +124,7 @@ def test_token_codec() -> None:
 
 names = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,12}", fullmatch=True)
 expressions = st.recursive(
-    names.map(Cloud),
+    names.map(CloudName),
     lambda children: st.one_of(
         st.lists(children, min_size=2, max_size=4).map(lambda p: AllOf(tuple(p))),
         st.lists(children, min_size=2, max_size=4).map(lambda p: AnyOf(tuple(p))),
@@ -135,7 +135,7 @@ expressions = st.recursive(
 
 def _normal(expr: object) -> object:
     """What the parser produces for a tree: nested same-operator nodes flattened."""
-    if isinstance(expr, Cloud):
+    if isinstance(expr, CloudName):
         return expr
     kind = type(expr)
     flat: list[object] = []

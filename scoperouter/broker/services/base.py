@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 if TYPE_CHECKING:
     from openstack.connection import Connection
 
+    from scoperouter.broker.identity import Identity
+
 ENTRY_POINT_GROUP = "scoperouter.broker.services"
 
 OperationKind = Literal["provision", "update", "deprovision", "bind", "unbind"]
@@ -88,8 +90,11 @@ class CatalogEntry:
 
 @dataclass(frozen=True, slots=True)
 class Done:
-    """The operation succeeded. `result`: for a bind, the credentials (and optionally
-    ``endpoints``, ``expires_at``, ``renew_before``); otherwise optional extra data."""
+    """The operation succeeded. `result`: for a bind, ``{"credentials": {...}}`` and
+    optionally ``"endpoints"`` (OSB endpoint objects), ``"expires_at"`` and ``"renew_before"``
+    (datetimes or ISO 8601 text): the worker stores the credentials encrypted and the platform
+    gets them in the bind response (credentials.py builds this mapping). A result without a
+    ``"credentials"`` key is taken as the credentials themselves. Otherwise: unused."""
 
     description: str
     result: Mapping[str, Any] | None = None
@@ -163,6 +168,10 @@ class Clouds(Protocol):
         """The public identity URL of `cloud` (its router frontend): what bindings point at."""
         ...
 
+    def region(self, cloud: str) -> str:
+        """The keystone region of `cloud` (clouds.yaml `region_name` of a binding)."""
+        ...
+
 
 # ------------------------------------------------------------------- what a pass can see
 
@@ -193,12 +202,20 @@ class OperationContext(abc.ABC):
 
     operation_id: str
     kind: OperationKind
-    instance: InstanceView
+    instance: InstanceView  # as stored: for an update, the values before it
     binding: BindingView | None
-    plan: PlanEntry
+    plan: PlanEntry  # for an update, the target plan
+    # what this operation works with: the instance's parameters and context (for an update,
+    # the new ones, already merged), or the binding's (bind/unbind)
+    parameters: Mapping[str, Any]
+    context: Mapping[str, Any]
     originating_identity: Mapping[str, Any] | None  # {"platform": ..., "value": {...}}
+    request_identity: str | None  # X-Broker-API-Request-Identity of the request
     deadline: datetime
     clouds: Clouds
+    # keystone projects and roles the broker manages, with the config's identity table
+    # (space projects, instance projects, grants to mapped platform users)
+    identity: Identity
     log: logging.LoggerAdapter[logging.Logger]
 
     @property
@@ -209,7 +226,8 @@ class OperationContext(abc.ABC):
     @property
     @abc.abstractmethod
     def cancelled(self) -> bool:
-        """A DELETE arrived for the instance while this provision ran: stop building."""
+        """A DELETE arrived for the instance (binding) while this provision (bind) ran: stop
+        building and return (any outcome: the operation is recorded as stopped)."""
 
     @abc.abstractmethod
     def save(self, **progress: Any) -> None:

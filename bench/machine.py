@@ -1,0 +1,91 @@
+"""What the machine is and what else it is doing (the figures depend on it)."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def machine_context() -> dict[str, Any]:
+    """What else the machine was doing when the bench started (figures depend on it)."""
+    procs = list(psutil.process_iter(["pid", "name", "cmdline"]))
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.cpu_percent(None)
+    busy = psutil.cpu_percent(interval=1.0)
+    others = []
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            pct = p.cpu_percent(None)
+            if pct >= 5 and p.pid != os.getpid():
+                cmd = " ".join(p.info["cmdline"] or [p.info["name"] or "?"])[:80]
+                others.append({"pid": p.pid, "cpu_pct": pct, "cmd": cmd})
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.partition(":")[2].strip()
+                break
+    commit = ""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        commit = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    try:
+        from mitmproxy.version import VERSION as mitm_version
+    except ImportError:
+        mitm_version = "?"
+    import scoperouter
+    from scoperouter import __version__
+
+    return {
+        "time": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "mitmproxy": mitm_version,
+        "scoperouter": __version__,
+        "commit": commit,
+        "scoperouter_path": str(Path(scoperouter.__file__).resolve().parent),
+        "loadavg_before": [round(x, 2) for x in os.getloadavg()],
+        "busy_pct_before": busy,
+        "busy_processes_before": sorted(others, key=lambda o: -o["cpu_pct"])[:5],
+    }
+
+
+def prime_processes() -> list[psutil.Process]:
+    """Start measuring every process's CPU (see busy_others)."""
+    procs = []
+    for p in psutil.process_iter(["pid", "name", "cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            p.cpu_percent(None)
+            procs.append(p)
+    return procs
+
+
+def busy_others(procs: list[psutil.Process], ours: set[int], limit: int = 3) -> list[dict]:
+    """The busiest processes since prime_processes() that are not the bench's."""
+    out = []
+    for p in procs:
+        if p.pid in ours:
+            continue
+        with contextlib.suppress(psutil.Error):
+            pct = p.cpu_percent(None)
+            if pct >= 10:
+                cmd = " ".join(p.info["cmdline"] or [p.info["name"] or "?"])[:60]
+                out.append({"pid": p.pid, "cpu_pct": round(pct), "cmd": cmd})
+    return sorted(out, key=lambda o: -o["cpu_pct"])[:limit]

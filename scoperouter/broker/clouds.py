@@ -1,0 +1,239 @@
+"""The federation as the broker reaches it: every call goes through a cloud's router.
+
+The broker is a *user of the routers*, exactly like the ``openstack`` CLI: for each cloud it has
+a clouds.yaml entry (its own account in that cloud; secrets in clouds.yaml/secure.yaml, never in
+the broker config) whose URLs are the cloud's router frontends, and it composes clouds with
+scopes (``scope_session``): a server in CloudOne from an image of CloudTwo is a connection that
+enters at CloudOne with the scope ``{"image": "CloudTwo"}``, and the routers do the rest.
+
+:class:`FederationClouds` implements the :class:`~scoperouter.broker.services.base.Clouds`
+contract: connections (cached, thread-safe), each cloud's public identity URL (what bindings
+point at) and its free capacity read from placement (cached for a few seconds, so a burst of
+provisions does not read it once each).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from scoperouter.broker.services.base import Capacity
+from scoperouter.client import scope_session
+
+if TYPE_CHECKING:
+    from openstack.config.cloud_region import CloudRegion
+    from openstack.connection import Connection
+
+# Placement microversion for inventories and usages of resource providers (Train and later).
+PLACEMENT_VERSION = "1.14"
+CONNECTION_CACHE_SIZE = 64
+
+
+class CloudUnavailable(RuntimeError):
+    """A cloud cannot be used right now (unknown, unreachable, capacity unreadable)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CloudAccess:
+    """How the broker enters one cloud: `entry` names a clouds.yaml entry (the broker's
+    account there, URLs on the cloud's router); `region` defaults to the entry's region_name,
+    else the cloud name (the federation names clouds after their keystone regions)."""
+
+    name: str
+    entry: str
+    region: str | None = None
+
+
+class FederationClouds:
+    """Connections to the federation's clouds through their routers.
+
+    `config_files` / `secure_files`: clouds.yaml and secure.yaml paths (default: the usual
+    openstacksdk search path, ``$OS_CLIENT_CONFIG_FILE``, ``$OS_CLIENT_SECURE_FILE``).
+    `connection_factory` makes a Connection from a CloudRegion (tests and benchmarks pass their
+    own; the default is openstacksdk's).
+    """
+
+    def __init__(
+        self,
+        access: Sequence[CloudAccess],
+        *,
+        config_files: Sequence[Path] | None = None,
+        secure_files: Sequence[Path] | None = None,
+        capacity_ttl: float = 10.0,
+        connection_factory: Callable[[CloudRegion], Connection] | None = None,
+    ) -> None:
+        names = [a.name for a in access]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a cloud is listed twice: {names}")
+        self._access = {a.name: a for a in access}
+        self._config_files = [str(p) for p in config_files] if config_files else None
+        self._secure_files = [str(p) for p in secure_files] if secure_files else None
+        self._capacity_ttl = capacity_ttl
+        self._factory = connection_factory
+        self._lock = threading.Lock()
+        self._config: Any = None
+        self._connections: OrderedDict[tuple[str, str | None, str | None], Connection] = (
+            OrderedDict()
+        )
+        # cloud -> (time.monotonic() of the read, snapshot): the wall-clock read_at is for
+        # humans and may jump
+        self._capacity: dict[str, tuple[float, Capacity]] = {}
+
+    # ------------------------------------------------------------------ the Clouds contract
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._access)
+
+    def connect(
+        self, cloud: str, *, project_id: str | None = None, scope: str | None = None
+    ) -> Connection:
+        """A Connection entering the federation at `cloud`, as the broker's account, scoped to
+        keystone project `project_id` (else the account's own project) and, when given, to
+        the routing scope `scope` (JSON text; services it does not name stay in `cloud`).
+        Connections are cached per (cloud, project, scope): tokens are reused and renewed by
+        keystoneauth."""
+        key = (cloud, project_id, scope)
+        with self._lock:
+            conn = self._connections.get(key)
+            if conn is not None:
+                self._connections.move_to_end(key)
+                return conn
+        conn = self._new_connection(cloud, project_id, scope)
+        with self._lock:
+            existing = self._connections.get(key)
+            if existing is not None:  # another thread made one meanwhile: use one only
+                return existing
+            self._connections[key] = conn
+            while len(self._connections) > CONNECTION_CACHE_SIZE:
+                self._connections.popitem(last=False)
+        return conn
+
+    def identity_url(self, cloud: str) -> str:
+        """The identity URL of the broker's clouds.yaml entry for `cloud`: the router frontend
+        that keystone's catalog advertises, which is what a binding's user must call."""
+        auth = self._region(cloud).config.get("auth", {})
+        url = auth.get("auth_url")
+        if not url:
+            raise CloudUnavailable(
+                f"clouds.yaml entry {self._access[cloud].entry!r} has no auth_url"
+            )
+        return str(url).rstrip("/")
+
+    def region(self, cloud: str) -> str:
+        """The keystone region of `cloud` (also the name its scopes use by default)."""
+        access = self._get_access(cloud)
+        return access.region or self._region(cloud).get_region_name() or cloud
+
+    def capacity(self, cloud: str) -> Capacity:
+        """Free capacity of `cloud` per resource class, from placement through its router:
+        for each resource provider, (total - reserved) * allocation_ratio - used. Cached for
+        `capacity_ttl` seconds. Raises CloudUnavailable when it cannot be read."""
+        with self._lock:
+            cached = self._capacity.get(cloud)
+        if cached is not None and time.monotonic() - cached[0] < self._capacity_ttl:
+            return cached[1]
+        try:
+            snapshot = self._read_capacity(cloud)
+        except Exception as exc:  # any failure of a cloud is "cannot be a candidate now"
+            raise CloudUnavailable(f"capacity of {cloud} unreadable: {_short(exc)}") from exc
+        with self._lock:
+            self._capacity[cloud] = (time.monotonic(), snapshot)
+        return snapshot
+
+    # --------------------------------------------------------------------------- internals
+
+    def _get_access(self, cloud: str) -> CloudAccess:
+        try:
+            return self._access[cloud]
+        except KeyError:
+            known = ", ".join(self._access)
+            raise CloudUnavailable(
+                f"no cloud {cloud!r} in the broker config (has: {known})"
+            ) from None
+
+    def _openstack_config(self) -> Any:
+        with self._lock:
+            if self._config is None:
+                from openstack import config as os_config
+
+                self._config = os_config.OpenStackConfig(
+                    config_files=self._config_files,
+                    secure_files=self._secure_files,
+                    load_envvars=False,
+                )
+            return self._config
+
+    def _region(self, cloud: str, **overrides: Any) -> CloudRegion:
+        access = self._get_access(cloud)
+        try:
+            region: CloudRegion = self._openstack_config().get_one(cloud=access.entry, **overrides)
+            return region
+        except Exception as exc:
+            raise CloudUnavailable(
+                f"clouds.yaml entry {access.entry!r} for {cloud}: {_short(exc)}"
+            ) from exc
+
+    def _new_connection(self, cloud: str, project_id: str | None, scope: str | None) -> Connection:
+        overrides: dict[str, Any] = {}
+        if project_id is not None:
+            # Replace whatever project the entry names (by name or id) with this one.
+            base = dict(self._region(cloud).config.get("auth", {}))
+            for key in ("project_name", "project_id", "project_domain_name", "project_domain_id"):
+                base.pop(key, None)
+            overrides["auth"] = {**base, "project_id": project_id}
+        region = self._region(cloud, **overrides)
+        if self._factory is not None:
+            conn = self._factory(region)
+        else:
+            from openstack.connection import Connection
+
+            conn = Connection(config=region)
+        if scope is not None:
+            scope_session(conn.session, scope, default_cloud=self.region(cloud))
+        return conn
+
+    def _read_capacity(self, cloud: str) -> Capacity:
+        conn = self.connect(cloud)
+        total: dict[str, float] = {}
+        free: dict[str, float] = {}
+        providers = _json(conn.placement.get("/resource_providers", microversion=PLACEMENT_VERSION))
+        for provider in providers.get("resource_providers", []):
+            uuid = provider["uuid"]
+            inventories = _json(
+                conn.placement.get(
+                    f"/resource_providers/{uuid}/inventories", microversion=PLACEMENT_VERSION
+                )
+            ).get("inventories", {})
+            usages = _json(
+                conn.placement.get(
+                    f"/resource_providers/{uuid}/usages", microversion=PLACEMENT_VERSION
+                )
+            ).get("usages", {})
+            for resource_class, inv in inventories.items():
+                capacity = (inv["total"] - inv.get("reserved", 0)) * inv.get(
+                    "allocation_ratio", 1.0
+                )
+                total[resource_class] = total.get(resource_class, 0.0) + capacity
+                left = capacity - usages.get(resource_class, 0)
+                free[resource_class] = free.get(resource_class, 0.0) + max(left, 0.0)
+        return Capacity(cloud=cloud, total=total, free=free, read_at=datetime.now(UTC))
+
+
+def _json(response: Any) -> Mapping[str, Any]:
+    if response.status_code != 200:
+        raise CloudUnavailable(f"placement answered {response.status_code}: {response.text[:200]}")
+    data = response.json()
+    if not isinstance(data, Mapping):
+        raise CloudUnavailable("placement answered something that is not a JSON object")
+    return data
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text[:300]

@@ -1,0 +1,722 @@
+"""``openstack-server``: a nova server in the cloud the placement strategy picks, booted from an
+image of any cloud of the federation, reached through the routers.
+
+Plans map to flavors (the ``flavor`` setting of each plan in the broker config). Parameters:
+
+- ``image`` (required): a name or id; looked up through the routers from the candidate cloud,
+  in that cloud first, then in the others (config order): when it lives elsewhere, the broker
+  enters the compute cloud with the scope ``{"image": <its cloud>}`` and nova fetches it through
+  the routers, exactly as ``openstack --os-scope`` would.
+- ``where`` (optional, default ``{"strategy": "most-free"}``): ``{"cloud": NAME}``,
+  ``{"scope": {"compute": NAME, ...}}`` or ``{"strategy": "most-free" | "spread"}``
+  (:mod:`scoperouter.broker.placement`).
+- ``key_name``: a key pair of the broker's user in the chosen cloud; ``user_data``: text
+  (cloud-init), base64-encoded by the broker.
+
+Provision is a sequence of short passes (docs/broker.md): choose and save the candidates, then
+for the current candidate ensure the instance's project there, find the server tagged with the
+instance id or create it, and poll it to ACTIVE with ``Pending``. A refusal (a 4xx answer to the
+create: quota, a flavor too big for the image, a missing key pair; or the server going to ERROR:
+no valid host) deletes that server and moves on to the next candidate; the final description
+says where the server went and why the other clouds did not take it.
+
+Every server carries the tags ``<tag>`` (the broker's, ``osb`` by default: ``spread`` counts
+them) and ``osb-instance-<instance id>`` plus the metadata ``osb_instance_id``; a pass looks the
+server up by tag before creating one, so a pass re-run after a crash never makes a second
+server, and deprovision removes whatever carries the instance's tag in every cloud (also what a
+cancelled or refused attempt left). Listing servers across projects by tag needs nova's admin
+policy for the broker's account (what it has in the lab; the sample config says so).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from scoperouter.broker import credentials, placement
+from scoperouter.broker.identity import (
+    APP_CREDENTIAL_PREFIX,
+    INSTANCE_TAG_PREFIX,
+    keystone,
+    space_of,
+)
+from scoperouter.broker.services.base import (
+    CatalogEntry,
+    Clouds,
+    Done,
+    Failed,
+    Found,
+    InvalidParameters,
+    JSONSchema,
+    OperationContext,
+    OperationKind,
+    Outcome,
+    Pending,
+    PlanEntry,
+    Schemas,
+    Service,
+)
+from scoperouter.broker.services.project import DRAFT4, stable_id
+from scoperouter.scope import CloudName, Scope
+
+if TYPE_CHECKING:
+    from openstack.connection import Connection
+
+METADATA_KEY = "osb_instance_id"
+DEFAULT_BROKER_TAG = "osb"
+# nova: user_data is base64 of at most 65535 bytes -> 49149 bytes of text
+MAX_USER_DATA_BYTES = 49149
+TRANSIENT_RETRIES = 3  # transient errors (5xx, network) tolerated per candidate before moving on
+POLL_SECONDS = 2.0
+RETRY_SECONDS = 15.0  # no cloud could be asked: ask again this much later
+_TAG_SAFE = re.compile(r"[A-Za-z0-9._:-]{1,47}\Z")  # 13 + 47 = nova's 60
+
+
+# ------------------------------------------------------------- shared by the services
+
+
+def instance_tag(instance_id: str) -> str:
+    """The nova/glance tag of what an instance owns: ``osb-instance-<id>`` as on keystone
+    projects (identity.py) when it fits a nova tag (<= 60 characters, no ``/`` or ``,``), else
+    ``osb-instance-<sha256 prefix>``."""
+    if _TAG_SAFE.match(instance_id):
+        return f"{INSTANCE_TAG_PREFIX}{instance_id}"
+    return INSTANCE_TAG_PREFIX + hashlib.sha256(instance_id.encode()).hexdigest()[:40]
+
+
+def catalog_plans(
+    service: str,
+    settings: Mapping[str, Any],
+    schemas: Schemas,
+    required: Sequence[str] = (),
+) -> tuple[PlanEntry, ...]:
+    """The plans of a service from its config section (``plans``: a list of mappings with
+    ``name``, ``description``, optional ``id``, ``free``, ``bindable``, ``metadata``,
+    ``maximum_polling_duration``; every other key is the plan's own setting). Raises ValueError
+    naming the plan when a setting in `required` is missing."""
+    raw = settings.get("plans") or []
+    if not isinstance(raw, list) or not raw:
+        raise ValueError(f"{service}: plans: expected a non-empty list")
+    known = {"id", "name", "description", "free", "bindable", "metadata"}
+    known.add("maximum_polling_duration")
+    plans = []
+    for index, plan in enumerate(raw):
+        if not isinstance(plan, Mapping) or not plan.get("name"):
+            raise ValueError(f"{service}: plans[{index}]: expected a mapping with a name")
+        own = {k: v for k, v in plan.items() if k not in known}
+        for key in required:
+            if not own.get(key):
+                raise ValueError(f"{service}: plans[{index}] ({plan['name']}): {key} is required")
+        plans.append(
+            PlanEntry(
+                id=str(plan.get("id") or stable_id(service, str(plan["name"]))),
+                name=str(plan["name"]),
+                description=str(plan.get("description") or plan["name"]),
+                free=bool(plan.get("free", True)),
+                bindable=plan.get("bindable"),
+                schemas=schemas,
+                maximum_polling_duration=plan.get("maximum_polling_duration"),
+                metadata=dict(plan.get("metadata") or {}),
+                settings=own,
+            )
+        )
+    return tuple(plans)
+
+
+def offering(
+    service: str,
+    settings: Mapping[str, Any],
+    instance_schema: JSONSchema,
+    *,
+    description: str,
+    display_name: str,
+    tags: tuple[str, ...],
+    required: Sequence[str] = (),
+) -> CatalogEntry:
+    """A bindable service's catalog entry from its config section: the id and description the
+    config gives (else stable ones), its plans (:func:`catalog_plans`), one create schema."""
+    schemas = Schemas(instance_create=instance_schema)
+    return CatalogEntry(
+        id=str(settings.get("id") or stable_id(service)),
+        name=service,
+        description=str(settings.get("description") or description),
+        plans=catalog_plans(service, settings, schemas, required=required),
+        bindable=True,
+        tags=tags,
+        metadata={"displayName": display_name},
+    )
+
+
+IMAGE_REF: JSONSchema = {"type": "string", "minLength": 1, "maxLength": 255}
+
+
+def refusal(exc: BaseException) -> str | None:
+    """What a cloud's error means for placement: the reason when the cloud refused (an HTTP 4xx
+    other than 408/429: quota, a bad flavor or image, no key pair, no access), None when it is
+    worth retrying (5xx, timeouts, the network)."""
+    from openstack import exceptions
+
+    if isinstance(exc, exceptions.HttpException):
+        status = exc.status_code or 0
+        if 400 <= status < 500 and status not in (408, 429):
+            return error_text(exc)
+    return None
+
+
+def error_text(exc: BaseException) -> str:
+    """An error for a description: ``<status>: <what the service said>`` for an HTTP error
+    (openstacksdk keeps the service's message in `details`), else its first line."""
+    from openstack import exceptions
+
+    if isinstance(exc, exceptions.HttpException) and exc.status_code:
+        return f"{exc.status_code}: {short(exc.details or exc.message)}"
+    return short(exc)
+
+
+def short(text: object, limit: int = 300) -> str:
+    """The first line of an error, at most `limit` characters (descriptions stay readable)."""
+    first = str(text).strip().splitlines()[0] if str(text).strip() else "no details"
+    return first if len(first) <= limit else first[: limit - 3] + "..."
+
+
+def find_image(conn: Connection, ref: str) -> Any | None:
+    """An active image by id or name through `conn` (None: none visible). Raises ValueError
+    when the name is ambiguous (several images of that name)."""
+    from openstack import exceptions
+
+    try:
+        image = conn.image.find_image(ref, ignore_missing=True)
+    except exceptions.DuplicateResource:
+        raise ValueError(f"several images are named {ref!r}; give its id") from None
+    if image is None or image.status != "active":
+        return None
+    return image
+
+
+def space_project(op: OperationContext, cloud: str) -> str:
+    """The keystone project of the instance's platform space in `cloud` (identity.py: created
+    on first use, the broker's user holding the binding roles there), with the identity
+    table's grants to the platform user applied. Remembered in the operation's progress, so
+    later passes do not ask keystone again."""
+    known = dict(op.progress.get("projects") or {})
+    if cloud in known:
+        return str(known[cloud])
+    conn = op.clouds.connect(cloud)
+    project_id = op.identity.space_project(conn, space_of(op.context))
+    granted = op.identity.grant_mapped(conn, cloud, project_id, op.originating_identity)
+    if granted:
+        op.log.info("granted %s on project %s in %s", ", ".join(granted), project_id, cloud)
+    op.save(projects={**known, cloud: project_id})
+    return project_id
+
+
+def bind_credentials(
+    op: OperationContext, settings: Mapping[str, Any], extra: Mapping[str, Any]
+) -> Outcome:
+    """A bind of an instance living in one project of one cloud: an application credential on
+    that project (credentials.py), the clouds.yaml entry carrying the instance's routing scope
+    (so the application sees what the instance was built with), plus `extra` facts."""
+    cloud = op.instance.cloud
+    project_id = op.instance.resources.get("project_id")
+    if not cloud or not project_id:
+        return Failed("the instance has nothing to bind to (it was not provisioned)")
+    if op.cancelled:
+        return Failed("stopped: an unbind request arrived")
+    policy = credentials.CredentialPolicy.from_settings(
+        {**settings, **op.plan.settings}, op.identity.config.binding_roles
+    )
+    scope_text = op.instance.resources.get("scope")
+    return credentials.issue(
+        op,
+        cloud=cloud,
+        project_id=str(project_id),
+        policy=policy,
+        scope=json.loads(scope_text) if scope_text else None,
+        extra=extra,
+    )
+
+
+def revoke_instance_credentials(op: OperationContext) -> int:
+    """Delete the application credentials of the instance's bindings that the platform did not
+    unbind before deprovisioning. The instance's project is its platform space's, shared with
+    other instances, so they are told apart by the description credentials.issue gives them
+    (``OSB binding <binding> of instance <instance>``). Returns how many were deleted."""
+    cloud = op.instance.cloud
+    project_id = op.instance.resources.get("project_id")
+    if not cloud or not project_id:
+        return 0
+    conn = op.clouds.connect(cloud)
+    user_id = str(conn.current_user_id)
+    suffix = f" of instance {op.instance.id}"
+    removed = 0
+    for credential in keystone(conn).application_credentials(user=user_id):
+        if (
+            credential.name.startswith(APP_CREDENTIAL_PREFIX)
+            and credential.project_id == project_id
+            and (credential.description or "").endswith(suffix)
+        ):
+            keystone(conn).delete_application_credential(
+                user_id, credential.id, ignore_missing=True
+            )
+            removed += 1
+    return removed
+
+
+# ------------------------------------------------------------------------ the service
+
+
+class ImageNotVisible(LookupError):
+    """No candidate copy of the image; `transient`: a lookup failed (rather than answered)."""
+
+    def __init__(self, message: str, transient: bool) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One candidate, resolved: where to enter, with which scope, which flavor and image."""
+
+    cloud: str
+    scope: str | None  # JSON text; None: every service in `cloud`
+    flavor_id: str
+    image_id: str
+    image_cloud: str
+
+    def as_progress(self) -> dict[str, Any]:
+        return {
+            "cloud": self.cloud,
+            "scope": self.scope,
+            "flavor_id": self.flavor_id,
+            "image_id": self.image_id,
+            "image_cloud": self.image_cloud,
+        }
+
+    @classmethod
+    def from_progress(cls, data: Mapping[str, Any]) -> Target:
+        return cls(
+            cloud=data["cloud"],
+            scope=data.get("scope"),
+            flavor_id=data["flavor_id"],
+            image_id=data["image_id"],
+            image_cloud=data["image_cloud"],
+        )
+
+
+class ServerService(Service):
+    """``openstack-server`` (see the module docstring)."""
+
+    name: ClassVar[str] = "openstack-server"
+
+    def __init__(self, settings: Mapping[str, Any], clouds: Clouds) -> None:
+        super().__init__(settings, clouds)
+        self.broker_tag = str(settings.get("tag", DEFAULT_BROKER_TAG))
+        self.networks = settings.get("networks", "auto")
+        if not (self.networks in ("auto", "none") or isinstance(self.networks, list)):
+            raise ValueError(
+                f"{self.name}: networks: expected auto, none or a list of nova network "
+                f"objects, got {self.networks!r}"
+            )
+        self._catalog = offering(
+            self.name,
+            settings,
+            self.parameters_schema(),
+            description="An OpenStack server in the cloud of the federation that fits best, "
+            "booted from an image of any of its clouds",
+            display_name="OpenStack server (federation)",
+            tags=("openstack", "compute", "server"),
+            required=("flavor",),
+        )
+
+    # ------------------------------------------------------------------------- catalog
+
+    def catalog(self) -> CatalogEntry:
+        return self._catalog
+
+    def parameters_schema(self) -> dict[str, Any]:
+        clouds = list(self.clouds.names())
+        return {
+            "$schema": DRAFT4,
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["image"],
+            "properties": {
+                "image": {**IMAGE_REF, "description": "name or id, in any cloud of the federation"},
+                "where": {
+                    "type": "object",
+                    "description": "where the server goes: one of cloud, scope, strategy "
+                    "(default: strategy most-free)",
+                    "minProperties": 1,
+                    "maxProperties": 1,
+                    "additionalProperties": False,
+                    "properties": {
+                        "cloud": {"type": "string", "enum": clouds},
+                        "scope": {
+                            "type": "object",
+                            "required": ["compute"],
+                            "additionalProperties": {"type": "string", "enum": clouds},
+                        },
+                        "strategy": {"type": "string", "enum": list(placement.STRATEGIES)},
+                    },
+                },
+                "key_name": {"type": "string", "minLength": 1, "maxLength": 255},
+                "user_data": {"type": "string", "maxLength": MAX_USER_DATA_BYTES},
+            },
+        }
+
+    def validate(self, kind: OperationKind, plan: PlanEntry, parameters: Mapping[str, Any]) -> None:
+        if kind not in ("provision", "update"):
+            return
+        try:
+            placement.parse_where(parameters.get("where"), self.clouds.names())
+        except placement.PlacementError as exc:
+            raise InvalidParameters(f"parameters.{exc.field}", exc.message) from None
+        user_data = parameters.get("user_data")
+        if isinstance(user_data, str) and len(user_data.encode()) > MAX_USER_DATA_BYTES:
+            raise InvalidParameters(
+                "parameters.user_data", f"longer than {MAX_USER_DATA_BYTES} bytes (UTF-8)"
+            )
+
+    # ----------------------------------------------------------------------- provision
+
+    def provision(self, op: OperationContext) -> Outcome:
+        if op.cancelled:
+            return Failed("stopped: a deprovision request arrived; it removes what was built")
+        if "targets" not in op.progress:
+            chosen = self._choose(op)
+            if isinstance(chosen, Failed | Pending):
+                return chosen
+            op.save(targets=chosen[0], excluded=chosen[1], attempt=0, refused=[], transient=0)
+        while True:
+            attempt = int(op.progress["attempt"])
+            targets = [Target.from_progress(t) for t in op.progress["targets"]]
+            if attempt >= len(targets):
+                return Failed("no cloud took the server: " + self._why_not(op))
+            outcome = self._attempt(op, targets[attempt])
+            if outcome is not None:
+                return outcome
+            # the candidate refused and the next one is up: go on in this pass
+
+    def _choose(self, op: OperationContext) -> tuple[list[dict[str, Any]], str] | Failed | Pending:
+        """Rank the clouds and resolve flavor and image for each candidate. No candidate while
+        a cloud could not be asked (an error, not an answer): Pending, to ask again (until the
+        operation's deadline), rather than failing on a cloud's bad minute."""
+        names = op.clouds.names()
+        strategy = placement.parse_where(op.parameters.get("where"), names)
+        flavor_name = str(op.plan.settings["flavor"])
+        image_ref = str(op.parameters["image"])
+        if isinstance(strategy, placement.Explicit | placement.Scoped):
+            considered: Sequence[str] = (strategy.cloud,)
+        else:
+            considered = names
+        snapshots: dict[str, placement.Snapshot] = {}
+        demands: dict[str, placement.Demand] = {}
+        flavors: dict[str, str] = {}
+        unreachable: set[str] = set()  # excluded by an error rather than by an answer
+        for cloud in considered:
+            try:
+                capacity = op.clouds.capacity(cloud)
+                flavor = op.clouds.connect(cloud).compute.find_flavor(
+                    flavor_name, ignore_missing=True
+                )
+            except Exception as exc:
+                snapshots[cloud] = placement.Unavailable(cloud, error_text(exc))
+                unreachable.add(cloud)
+                continue
+            if flavor is None:
+                snapshots[cloud] = placement.Unavailable(cloud, f"no flavor {flavor_name!r}")
+                continue
+            snapshots[cloud] = capacity
+            flavors[cloud] = flavor.id
+            demands[cloud] = placement.Demand.of_flavor(
+                vcpus=flavor.vcpus,
+                ram_mb=flavor.ram,
+                disk_gb=flavor.disk,
+                ephemeral_gb=flavor.ephemeral or 0,
+                swap_mb=int(flavor.swap or 0),
+            )
+        placed = (
+            self._placed(op.clouds, snapshots, unreachable)
+            if isinstance(strategy, placement.Spread)
+            else {}
+        )
+        ranking = placement.rank(snapshots, strategy, demands, placed)
+        excluded = [f"{u.cloud}: {u.reason}" for u in ranking.excluded]
+        targets = []
+        for candidate in ranking.candidates:
+            try:
+                target = self._resolve_image(
+                    op.clouds, candidate, image_ref, flavors[candidate.cloud]
+                )
+            except ImageNotVisible as exc:
+                excluded.append(f"{candidate.cloud}: {exc}")
+                if exc.transient:
+                    unreachable.add(candidate.cloud)
+                continue
+            targets.append(target.as_progress())
+        why = "; ".join(excluded)
+        if not targets and unreachable:
+            return Pending(f"no cloud can take the server now ({why}); asking again", RETRY_SECONDS)
+        if not targets:
+            return Failed("no cloud can take the server: " + (why or "no cloud is configured"))
+        op.log.info("candidates for %s: %s", op.instance.id, ", ".join(t["cloud"] for t in targets))
+        return targets, why
+
+    def _placed(
+        self, clouds: Clouds, snapshots: dict[str, placement.Snapshot], unreachable: set[str]
+    ) -> dict[str, int]:
+        """Servers of this broker in each cloud (``spread``); a cloud where they cannot be
+        counted is marked unavailable (and unreachable)."""
+        placed: dict[str, int] = {}
+        for cloud, snapshot in list(snapshots.items()):
+            if isinstance(snapshot, placement.Unavailable):
+                continue
+            try:
+                placed[cloud] = sum(1 for _ in _tagged(clouds, cloud, self.broker_tag))
+            except Exception as exc:
+                reason = f"cannot count its servers: {error_text(exc)}"
+                snapshots[cloud] = placement.Unavailable(cloud, reason)
+                unreachable.add(cloud)
+        return placed
+
+    def _resolve_image(
+        self, clouds: Clouds, candidate: placement.Candidate, ref: str, flavor_id: str
+    ) -> Target:
+        """Find the image as nova in `candidate.cloud` will: through its router, with the scope
+        that sends image calls to the cloud holding it (the candidate's own first)."""
+        cloud = candidate.cloud
+        if candidate.scope is not None:  # the scope says where the image is
+            image_cloud = _cloud_of(candidate.scope, "image", cloud)
+            search: list[tuple[str, str | None]] = [(image_cloud, candidate.scope.to_json())]
+        else:
+            others = [c for c in clouds.names() if c != cloud]
+            search = [(cloud, None)] + [(c, _scope_json(image=c)) for c in others]
+        problems = []
+        failed = False
+        for image_cloud, scope in search:
+            try:
+                image = find_image(clouds.connect(cloud, scope=scope), ref)
+            except ValueError as exc:
+                problems.append(f"{image_cloud}: {exc}")
+                continue
+            except Exception as exc:
+                problems.append(f"{image_cloud}: image lookup failed: {error_text(exc)}")
+                failed = True
+                continue
+            if image is not None:
+                return Target(cloud, scope, flavor_id, str(image.id), image_cloud)
+        looked = ", ".join(c for c, _ in search)
+        detail = f" ({'; '.join(problems)})" if problems else ""
+        raise ImageNotVisible(
+            f"no active image {ref!r} visible from it (looked in {looked}){detail}", failed
+        )
+
+    def _attempt(self, op: OperationContext, target: Target) -> Outcome | None:
+        """One step with the current candidate: an Outcome, or None when it refused (the
+        refusal is saved and the attempt counter moved on)."""
+        pending = op.progress.get("refusing")
+        if pending:  # a refused server whose delete a dead pass may not have sent
+            _delete(op.clouds, target.cloud, pending["server_id"], pending.get("project_id"))
+            return self._refused(op, target, pending["reason"])
+        try:
+            project_id = space_project(op, target.cloud)
+            conn = op.clouds.connect(target.cloud, project_id=project_id, scope=target.scope)
+            # the id saved by an earlier pass, else a look-up by tag (a pass that died between
+            # the create and its save), else a new server
+            known = op.progress.get("server_id")
+            server = _get_server(conn, known) if known else None
+            if server is None:
+                server = self._find(conn, op.instance.id)
+                if server is not None:
+                    op.save(server_id=server.id, project_id=project_id)
+            if server is None:
+                if op.cancelled:
+                    return Failed("stopped: a deprovision request arrived")
+                server = conn.compute.create_server(**self._server_body(op, target))
+                op.log.info("created server %s in %s", server.id, target.cloud)
+                op.save(server_id=server.id, project_id=project_id)
+                return Pending(f"creating server {server.id} in {target.cloud}", POLL_SECONDS)
+        except Exception as exc:
+            reason = refusal(exc)
+            if reason is None:
+                return self._transient(op, target, exc)
+            return self._refused(op, target, reason)
+        if server.status == "ACTIVE":
+            return self._active(op, target, project_id, server)
+        if server.status == "ERROR":
+            fault = (server.fault or {}).get("message") or "the server went to ERROR"
+            op.save(refusing={"server_id": server.id, "project_id": project_id, "reason": fault})
+            _delete(op.clouds, target.cloud, server.id, project_id)
+            return self._refused(op, target, short(fault))
+        return Pending(
+            f"server {server.id} is {server.status} in {target.cloud}{self._image_note(target)}",
+            POLL_SECONDS,
+        )
+
+    def _server_body(self, op: OperationContext, target: Target) -> dict[str, Any]:
+        params = op.parameters
+        body: dict[str, Any] = {
+            "name": f"osb-{op.instance.id}"[:255],
+            "flavor_id": target.flavor_id,
+            "image_id": target.image_id,
+            "networks": self.networks,
+            "tags": [self.broker_tag, instance_tag(op.instance.id)],
+            "metadata": {METADATA_KEY: op.instance.id[:255]},
+        }
+        if params.get("key_name"):
+            body["key_name"] = params["key_name"]
+        if params.get("user_data"):
+            body["user_data"] = base64.b64encode(params["user_data"].encode()).decode()
+        return body
+
+    def _active(
+        self, op: OperationContext, target: Target, project_id: str, server: Any
+    ) -> Outcome:
+        op.set_cloud(target.cloud)
+        op.set_resources(
+            cloud=target.cloud,
+            project_id=project_id,
+            server_id=server.id,
+            image_id=target.image_id,
+            image_cloud=target.image_cloud,
+            scope=target.scope,
+        )
+        text = f"server {server.id} is ACTIVE in {target.cloud}{self._image_note(target)}"
+        why = self._why_not(op)
+        return Done(f"{text}; {why}" if why else text)
+
+    def _refused(self, op: OperationContext, target: Target, reason: str) -> Outcome | None:
+        """Record that `target` refused and move on to the next candidate (None: go on)."""
+        refused = [*op.progress.get("refused", []), f"{target.cloud} refused it: {reason}"]
+        op.log.info("%s refused %s: %s", target.cloud, op.instance.id, reason)
+        op.save(
+            refused=refused,
+            attempt=int(op.progress["attempt"]) + 1,
+            refusing=None,
+            server_id=None,
+            transient=0,
+        )
+        return None
+
+    def _transient(
+        self, op: OperationContext, target: Target, exc: BaseException
+    ) -> Outcome | None:
+        count = int(op.progress.get("transient", 0)) + 1
+        text = error_text(exc)
+        if count > TRANSIENT_RETRIES:
+            return self._refused(op, target, f"kept failing: {text}")
+        op.save(transient=count)
+        op.log.warning("%s: transient error (%d): %s", target.cloud, count, text)
+        return Pending(f"{target.cloud} failed ({text}); trying again", 5.0)
+
+    def _why_not(self, op: OperationContext) -> str:
+        parts = [*op.progress.get("refused", [])]
+        if op.progress.get("excluded"):
+            parts.append("not candidates: " + op.progress["excluded"])
+        return "; ".join(parts)
+
+    @staticmethod
+    def _image_note(target: Target) -> str:
+        if target.image_cloud == target.cloud:
+            return ""
+        return f", image {target.image_id} from {target.image_cloud} through the routers"
+
+    # -------------------------------------------------------------------- deprovision
+
+    def deprovision(self, op: OperationContext) -> Outcome:
+        tag = instance_tag(op.instance.id)
+        left: list[str] = []
+        problems: list[str] = []
+        for cloud in op.clouds.names():
+            try:
+                for server in _tagged(op.clouds, cloud, tag):
+                    left.append(f"{server.id} in {cloud} ({server.status})")
+                    if (server.task_state or "") != "deleting":
+                        _delete(op.clouds, cloud, server.id, None)
+            except Exception as exc:
+                problems.append(f"{cloud}: {error_text(exc)}")
+        if problems:
+            return Pending("cannot check every cloud yet: " + "; ".join(problems), 5.0)
+        if left:
+            return Pending("deleting server " + ", ".join(left), POLL_SECONDS)
+        revoked = revoke_instance_credentials(op)
+        text = "no server of this instance is left in any cloud"
+        return Done(f"{text}; {revoked} binding credential(s) revoked" if revoked else text)
+
+    # -------------------------------------------------------------------------- bind
+
+    def bind(self, op: OperationContext) -> Outcome:
+        """An application credential on the server's project; the credentials also say the
+        server's cloud, id, name and addresses (read now: they may have changed)."""
+        res = op.instance.resources
+        if not op.instance.cloud or not res.get("server_id"):
+            return Failed("the instance has no server to bind to")
+        conn = op.clouds.connect(op.instance.cloud, project_id=res.get("project_id"))
+        server = conn.compute.get_server(res["server_id"])
+        extra = {
+            "server_id": server.id,
+            "server_name": server.name,
+            "addresses": dict(server.addresses or {}),
+            "image_id": res.get("image_id"),
+            "image_cloud": res.get("image_cloud"),
+        }
+        return bind_credentials(op, self.settings, extra)
+
+    def unbind(self, op: OperationContext) -> Outcome:
+        return credentials.revoke(op)
+
+    # ---------------------------------------------------------------------- inventory
+
+    def inventory(self) -> Iterable[Found]:
+        for cloud in self.clouds.names():
+            for server in _tagged(self.clouds, cloud, self.broker_tag):
+                yield Found(
+                    cloud=cloud,
+                    kind="server",
+                    id=server.id,
+                    instance_id=(server.metadata or {}).get(METADATA_KEY),
+                    name=server.name,
+                )
+
+    # ------------------------------------------------------------------------ helpers
+
+    def _find(self, conn: Connection, instance_id: str) -> Any | None:
+        """The instance's server in the connection's project (the oldest, should a second
+        exist)."""
+        found = list(conn.compute.servers(tags=instance_tag(instance_id)))
+        found.sort(key=lambda s: s.created_at or "")
+        return found[0] if found else None
+
+
+def _tagged(clouds: Clouds, cloud: str, tag: str) -> Iterator[Any]:
+    """Servers carrying `tag` in every project of `cloud` (the broker account's view)."""
+    yield from clouds.connect(cloud).compute.servers(all_projects=True, tags=tag)
+
+
+def _delete(clouds: Clouds, cloud: str, server_id: str, project_id: str | None) -> None:
+    conn = clouds.connect(cloud, project_id=project_id)
+    conn.compute.delete_server(server_id, ignore_missing=True)
+
+
+def _get_server(conn: Connection, server_id: str) -> Any | None:
+    from openstack import exceptions
+
+    try:
+        return conn.compute.get_server(server_id)
+    except exceptions.NotFoundException:
+        return None
+
+
+def _cloud_of(scope: Scope, service_type: str, default: str) -> str:
+    """The cloud a scope names for `service_type` (a single cloud: parse_where checked it)."""
+    expr = scope.get(service_type)
+    return expr.name if isinstance(expr, CloudName) else default
+
+
+def _scope_json(**entries: str) -> str:
+    return json.dumps(entries, separators=(",", ":"), sort_keys=True)

@@ -1,0 +1,639 @@
+"""The broker's durable state: tables and the few queries (the only module that writes SQL).
+
+One code path for SQLite and PostgreSQL (SQLAlchemy 2). What differs is confined to
+:func:`make_engine`:
+
+- SQLite: WAL journal, a busy timeout, and write transactions that start with ``BEGIN
+  IMMEDIATE``. Why: in WAL mode a deferred transaction that read first and then writes fails at
+  once with SQLITE_BUSY when another connection committed meanwhile (no busy wait); taking the
+  write lock up front makes writers queue instead. Reads stay deferred and never block.
+- PostgreSQL: ``FOR UPDATE SKIP LOCKED`` when claiming operations, so replicas polling together
+  do not queue on one row. SQLite ignores it; there the claim is serialised by the write lock.
+
+The claim itself is the same statement on both: a guarded ``UPDATE ... WHERE id = :id AND
+(lease free or expired)`` whose rowcount says whether this worker won. Every later write of a
+pass is guarded by ``lease_owner = :me`` too, so a worker that lost its lease cannot overwrite
+the new owner's work (:class:`LeaseLost`).
+
+Times are naive UTC datetimes computed by the broker (``utcnow()``); replicas need synchronised
+clocks (NTP), as leases are compared across processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import secrets
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, NamedTuple
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Engine,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    and_,
+    bindparam,
+    create_engine,
+    delete,
+    event,
+    func,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, aliased, mapped_column, sessionmaker
+
+from scoperouter.broker.services.base import LeaseLost
+
+ID_LENGTH = 255
+
+
+def utcnow() -> datetime:
+    """Naive UTC now: what every timestamp column holds."""
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+def iso(value: datetime | None) -> str | None:
+    """A stored time as ISO 8601 UTC with a Z (the OSB binding metadata format)."""
+    if value is None:
+        return None
+    return (
+        value.replace(microsecond=(value.microsecond // 100_000) * 100_000).isoformat(
+            timespec="milliseconds"
+        )[:-2]
+        + "Z"
+    )
+
+
+def request_hash(fields: Mapping[str, Any]) -> str:
+    """Digest of what a request asked for: equal digests are identical repeats (200/202 with
+    the same operation), different ones are conflicts (409)."""
+    text = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def new_operation_id(kind: str) -> str:
+    return f"{kind}-{secrets.token_hex(12)}"
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+# Instance / binding states
+PROVISIONING, PROVISIONED, UPDATING, DEPROVISIONING, GONE, FAILED = (
+    "provisioning",
+    "provisioned",
+    "updating",
+    "deprovisioning",
+    "gone",
+    "failed",
+)
+BINDING, BOUND, UNBINDING = "binding", "bound", "unbinding"
+# Operation states: the OSB words
+IN_PROGRESS, SUCCEEDED = "in progress", "succeeded"
+OP_FAILED = "failed"
+
+
+class Instance(Base):
+    __tablename__ = "instances"
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    service_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    plan_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    service_name: Mapped[str] = mapped_column(String(ID_LENGTH))
+    parameters: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    context: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    organization_guid: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    space_guid: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    cloud: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    resources: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    state: Mapped[str] = mapped_column(String(32))
+    maintenance_version: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    request_hash: Mapped[str] = mapped_column(String(64))
+    # the one operation that may change this instance now (binding operations included)
+    active_operation_id: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
+
+
+class Binding(Base):
+    __tablename__ = "bindings"
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    instance_id: Mapped[str] = mapped_column(
+        String(ID_LENGTH), ForeignKey("instances.id", ondelete="CASCADE"), index=True
+    )
+    service_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    plan_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    parameters: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    context: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    bind_resource: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    predecessor_binding_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    # the credentials of the bind response, encrypted (secrets.py); null until bound
+    credentials: Mapped[str | None] = mapped_column(Text)
+    endpoints: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    resources: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime)
+    renew_before: Mapped[datetime | None] = mapped_column(DateTime)
+    state: Mapped[str] = mapped_column(String(32))
+    # created by an async request: GET of the binding is then how the platform receives the
+    # credentials (the spec's MUST); a synchronous bind returned them already
+    asynchronous: Mapped[bool] = mapped_column(Boolean, default=False)
+    request_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
+
+
+class Operation(Base):
+    __tablename__ = "operations"
+    __table_args__ = (Index("ix_operations_due", "state", "not_before"),)
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(64), unique=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    instance_id: Mapped[str] = mapped_column(
+        String(ID_LENGTH), ForeignKey("instances.id", ondelete="CASCADE"), index=True
+    )
+    binding_id: Mapped[str | None] = mapped_column(String(ID_LENGTH), index=True)
+    state: Mapped[str] = mapped_column(String(16))
+    description: Mapped[str] = mapped_column(Text, default="")
+    progress: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # what the request asked for that is not in the instance row yet (an update's target plan,
+    # parameters and maintenance_info)
+    request: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    request_hash: Mapped[str] = mapped_column(String(64))
+    accepts_incomplete: Mapped[bool] = mapped_column(Boolean, default=True)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    not_before: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    lease_owner: Mapped[str | None] = mapped_column(String(128))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime)
+    deadline_at: Mapped[datetime] = mapped_column(DateTime)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    originating_identity: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    request_identity: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime)
+
+
+TABLES = ("instances", "bindings", "operations")
+
+
+class Status(NamedTuple):
+    """What last_operation answers from."""
+
+    id: str
+    kind: str
+    state: str
+    description: str
+    not_before: datetime
+
+
+class _Prepared(NamedTuple):
+    sql: str
+    compiled: Any
+    positions: list[str]
+    processors: list[Any]
+
+
+# ------------------------------------------------------------------------------- engine
+
+
+def is_sqlite(url: str) -> bool:
+    return url.startswith("sqlite")
+
+
+def make_engine(url: str, *, immediate: bool | None = False, pool_size: int = 10) -> Engine:
+    """An engine for `url`. On SQLite, connections use WAL and a busy timeout, and
+    `immediate` says how transactions begin: True ``BEGIN IMMEDIATE`` (writers: the write lock
+    up front), False ``BEGIN``, None no BEGIN at all (autocommit: each statement reads its own
+    consistent snapshot, the cheapest for the polling path's one-statement reads)."""
+    if is_sqlite(url):
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+            # let SQLAlchemy's BEGIN below be the only transaction control
+            dbapi_connection.isolation_level = None
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.close()
+
+        if immediate is not None:
+
+            @event.listens_for(engine, "begin")
+            def _on_begin(connection: Any) -> None:
+                connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+        return engine
+    return create_engine(url, pool_size=pool_size, max_overflow=20, pool_pre_ping=True)
+
+
+class Store:
+    """Sessions on one database: `read()` for queries, `write()` for changes (committed when
+    the block ends without an exception)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.sqlite = is_sqlite(url)
+        self.engine = make_engine(url, immediate=True)
+        self._read_engine = make_engine(url) if self.sqlite else self.engine
+        # the polling path's one-statement reads (status): no transaction at all on SQLite
+        self._poll_engine = make_engine(url, immediate=None) if self.sqlite else self.engine
+        self._write = sessionmaker(self.engine, expire_on_commit=False)
+        self._read = sessionmaker(self._read_engine, expire_on_commit=False)
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+        if self._read_engine is not self.engine:
+            self._read_engine.dispose()
+            self._poll_engine.dispose()
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[Session]:
+        with self._write() as session, session.begin():
+            yield session
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[Session]:
+        with self._read() as session, session.begin():
+            yield session
+
+    def create_all(self) -> None:
+        """Tables without migrations: for tests only (``broker db upgrade`` in real use)."""
+        Base.metadata.create_all(self.engine)
+
+    # --------------------------------------------------------------------------- lookups
+
+    @staticmethod
+    def instance(session: Session, instance_id: str) -> Instance | None:
+        return session.get(Instance, instance_id)
+
+    @staticmethod
+    def binding(session: Session, binding_id: str) -> Binding | None:
+        return session.get(Binding, binding_id)
+
+    @staticmethod
+    def operation(session: Session, operation_id: str) -> Operation | None:
+        return session.scalars(select(Operation).where(Operation.id == operation_id)).first()
+
+    @staticmethod
+    def last_operation(
+        session: Session, instance_id: str, binding_id: str | None = None
+    ) -> Operation | None:
+        query = select(Operation).where(Operation.instance_id == instance_id)
+        if binding_id is None:
+            query = query.where(Operation.kind.in_(("provision", "update", "deprovision")))
+        else:
+            query = query.where(Operation.binding_id == binding_id)
+        return session.scalars(query.order_by(Operation.seq.desc()).limit(1)).first()
+
+    # the polling path (last_operation): one prepared Core query, no ORM session
+    @staticmethod
+    @functools.cache
+    def _status_query(by_operation: bool, of_binding: bool) -> Any:
+        query = select(
+            Operation.id,
+            Operation.kind,
+            Operation.state,
+            Operation.description,
+            Operation.not_before,
+        ).where(Operation.instance_id == bindparam("instance_id"))
+        if by_operation:
+            query = query.where(Operation.id == bindparam("operation_id"))
+        if of_binding:
+            query = query.where(Operation.binding_id == bindparam("binding_id"))
+        else:  # instance operations are the ones without a binding
+            query = query.where(Operation.binding_id.is_(None))
+        return query.order_by(Operation.seq.desc()).limit(1)
+
+    def status(
+        self, instance_id: str, binding_id: str | None, operation_id: str | None
+    ) -> Status | None:
+        """The row last_operation answers from: the named operation if it belongs to this
+        instance (binding), else the latest one of the instance (binding); None if none.
+
+        Why through the DBAPI cursor: this is the one statement that runs at polling rates,
+        and SQLAlchemy's per-execution work costs several times the query itself. The SQL is
+        still SQLAlchemy's (the Core query compiled once for the engine's dialect) and so are
+        the result conversions (the column types' result processors): one code path for
+        SQLite and PostgreSQL."""
+        prepared = self._prepared(bool(operation_id), binding_id is not None)
+        params: dict[str, Any] = {"instance_id": instance_id}
+        if operation_id:
+            params["operation_id"] = operation_id
+        if binding_id is not None:
+            params["binding_id"] = binding_id
+        bound = prepared.compiled.construct_params(params)
+        args: Any = [bound[name] for name in prepared.positions] if prepared.positions else bound
+        raw = self._poll_engine.raw_connection()
+        try:
+            cursor = raw.cursor()
+            cursor.execute(prepared.sql, args)
+            row = cursor.fetchone()
+            cursor.close()
+        finally:
+            raw.close()
+        if row is None:
+            return None
+        values = [
+            p(v) if p is not None else v for p, v in zip(prepared.processors, row, strict=True)
+        ]
+        return Status(*values)
+
+    @functools.cache  # noqa: B019 - one Store per process; the cache lives as long
+    def _prepared(self, by_operation: bool, of_binding: bool) -> _Prepared:
+        query = self._status_query(by_operation, of_binding)
+        dialect = self._poll_engine.dialect
+        compiled = query.compile(dialect=dialect)
+        processors = [
+            column.type._cached_result_processor(dialect, None) for column in query.selected_columns
+        ]
+        positions = list(compiled.positiontup) if compiled.positiontup else []
+        return _Prepared(str(compiled), compiled, positions, processors)
+
+    @staticmethod
+    def operations(session: Session, instance_id: str) -> Sequence[Operation]:
+        query = select(Operation).where(Operation.instance_id == instance_id)
+        return session.scalars(query.order_by(Operation.seq)).all()
+
+    @staticmethod
+    def instances(session: Session) -> Sequence[Instance]:
+        return session.scalars(select(Instance).order_by(Instance.created_at)).all()
+
+    @staticmethod
+    def bindings_of(session: Session, instance_id: str) -> Sequence[Binding]:
+        query = select(Binding).where(Binding.instance_id == instance_id)
+        return session.scalars(query.order_by(Binding.created_at)).all()
+
+    @staticmethod
+    def active_operations(session: Session) -> Sequence[Operation]:
+        query = select(Operation).where(Operation.state == IN_PROGRESS)
+        return session.scalars(query.order_by(Operation.seq)).all()
+
+    # ------------------------------------------------------------------ request-side writes
+
+    @staticmethod
+    def add(session: Session, *rows: Instance | Binding | Operation) -> None:
+        """Insert rows now (flush), so a concurrent insert of the same id fails here with
+        IntegrityError, inside the caller's transaction."""
+        session.add_all(rows)
+        session.flush()
+
+    @staticmethod
+    def claim_instance(session: Session, instance: Instance, operation_id: str) -> bool:
+        """Make `operation_id` the instance's active operation if it has none. Guarded UPDATE:
+        False when a concurrent request got there first."""
+        result = session.execute(
+            update(Instance)
+            .where(Instance.id == instance.id, Instance.active_operation_id.is_(None))
+            .values(active_operation_id=operation_id, updated_at=utcnow())
+            .execution_options(synchronize_session=False)
+        )
+        session.refresh(instance)
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    @staticmethod
+    def replace_active(session: Session, instance: Instance, old: str, new: str) -> bool:
+        result = session.execute(
+            update(Instance)
+            .where(Instance.id == instance.id, Instance.active_operation_id == old)
+            .values(active_operation_id=new, updated_at=utcnow())
+            .execution_options(synchronize_session=False)
+        )
+        session.refresh(instance)
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    @staticmethod
+    def request_cancel(session: Session, operation_id: str) -> None:
+        session.execute(
+            update(Operation)
+            .where(Operation.id == operation_id, Operation.state == IN_PROGRESS)
+            .values(cancel_requested=True, updated_at=utcnow())
+            .execution_options(synchronize_session=False)
+        )
+
+    # ---------------------------------------------------------------------- worker writes
+
+    def claim(self, owner: str, lease: timedelta, kinds: Sequence[str] | None = None) -> str | None:
+        """Take one due operation for `owner`: in progress, due (`not_before`), lease free or
+        expired, and the oldest in-progress operation of its instance (so a deprovision waits
+        until the provision it cancelled has stopped). Returns its id, or None."""
+        now = utcnow()
+        cand = aliased(Operation, name="candidate")
+        older = (
+            select(Operation.seq)
+            .where(
+                Operation.instance_id == cand.instance_id,
+                Operation.state == IN_PROGRESS,
+                Operation.seq < cand.seq,
+            )
+            .exists()
+        )
+        free = or_(cand.lease_expires_at.is_(None), cand.lease_expires_at < now)
+        query = (
+            select(cand.seq, cand.id)
+            .where(cand.state == IN_PROGRESS, cand.not_before <= now, free, ~older)
+            .order_by(cand.not_before, cand.seq)
+            .limit(5)
+            .with_for_update(skip_locked=True, of=cand)
+        )
+        if kinds:
+            query = query.where(cand.kind.in_(list(kinds)))
+        with self.write() as session:
+            for seq, op_id in session.execute(query).all():
+                won = session.execute(
+                    update(Operation)
+                    .where(
+                        Operation.seq == seq,
+                        Operation.state == IN_PROGRESS,
+                        or_(Operation.lease_expires_at.is_(None), Operation.lease_expires_at < now),
+                    )
+                    .values(
+                        lease_owner=owner,
+                        lease_expires_at=now + lease,
+                        attempts=Operation.attempts + 1,
+                        updated_at=now,
+                    )
+                    .execution_options(synchronize_session=False)
+                )
+                if won.rowcount:  # type: ignore[attr-defined]
+                    return str(op_id)
+        return None
+
+    def take(self, operation_id: str, owner: str, lease: timedelta) -> bool:
+        """Take the lease of one operation (the API running a synchronous bind inline)."""
+        now = utcnow()
+        with self.write() as session:
+            result = session.execute(
+                update(Operation)
+                .where(
+                    Operation.id == operation_id,
+                    Operation.state == IN_PROGRESS,
+                    or_(
+                        Operation.lease_owner == owner,
+                        Operation.lease_expires_at.is_(None),
+                        Operation.lease_expires_at < now,
+                    ),
+                )
+                .values(
+                    lease_owner=owner,
+                    lease_expires_at=now + lease,
+                    attempts=Operation.attempts + 1,
+                    updated_at=now,
+                )
+                .execution_options(synchronize_session=False)
+            )
+            return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    def renew(self, operation_id: str, owner: str, lease: timedelta) -> bool:
+        """Extend the lease; False when another worker owns the operation now."""
+        now = utcnow()
+        with self.write() as session:
+            result = session.execute(
+                update(Operation)
+                .where(_mine(operation_id, owner))
+                .values(lease_expires_at=now + lease)
+                .execution_options(synchronize_session=False)
+            )
+            return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    @staticmethod
+    def owned(session: Session, operation_id: str, owner: str) -> Operation:
+        """The operation, locked for this transaction, if `owner` still holds its lease; else
+        LeaseLost."""
+        op = session.scalars(
+            select(Operation).where(_mine(operation_id, owner)).with_for_update()
+        ).first()
+        if op is None:
+            raise LeaseLost(f"operation {operation_id} is no longer leased by {owner}")
+        return op
+
+    def release(
+        self, operation_id: str, owner: str, *, not_before: datetime, description: str
+    ) -> None:
+        """Give the operation back for a later pass (any worker)."""
+        with self.write() as session:
+            op = self.owned(session, operation_id, owner)
+            op.not_before = not_before
+            op.description = description
+            op.lease_owner = None
+            op.lease_expires_at = None
+
+    def next_due(self) -> datetime | None:
+        """When the next operation with a free lease becomes due (None: none is waiting)."""
+        with self.read() as session:
+            value = session.scalar(
+                select(func.min(Operation.not_before)).where(
+                    Operation.state == IN_PROGRESS, Operation.lease_owner.is_(None)
+                )
+            )
+            return value if isinstance(value, datetime) else None
+
+    # ----------------------------------------------------------------------- maintenance
+
+    def redrive(self, operation_id: str, deadline: timedelta) -> str:
+        """`broker repair --redrive`: make an in-progress operation due now with a free lease
+        and a new deadline, or restart a failed one (the latest of its instance, which must
+        have no other active operation). Returns what was done, for the operator."""
+        now = utcnow()
+        with self.write() as session:
+            op = self.operation(session, operation_id)
+            if op is None:
+                return "no such operation"
+            instance = self.instance(session, op.instance_id)
+            if op.state == IN_PROGRESS:
+                op.lease_owner = None
+                op.lease_expires_at = None
+                op.not_before = now
+                op.deadline_at = now + deadline
+                return f"due now, new deadline {op.deadline_at.isoformat(timespec='seconds')}Z"
+            if op.state == SUCCEEDED:
+                return "already succeeded: nothing to re-drive"
+            latest = self.last_operation(session, op.instance_id, op.binding_id)
+            if instance is None or latest is None or latest.id != op.id:
+                return "not the latest operation of its instance: nothing done"
+            if instance.active_operation_id is not None:
+                return f"instance has an active operation {instance.active_operation_id}"
+            op.state = IN_PROGRESS
+            op.finished_at = None
+            op.cancel_requested = False
+            op.not_before = now
+            op.deadline_at = now + deadline
+            op.lease_owner = None
+            op.lease_expires_at = None
+            op.description = "re-driven by an operator"
+            instance.active_operation_id = op.id
+            states = {"provision": PROVISIONING, "update": UPDATING, "deprovision": DEPROVISIONING}
+            if op.kind in states:
+                instance.state = states[op.kind]
+            elif op.binding_id is not None:
+                binding = self.binding(session, op.binding_id)
+                if binding is not None:
+                    binding.state = BINDING if op.kind == "bind" else UNBINDING
+            return f"restarted, deadline {op.deadline_at.isoformat(timespec='seconds')}Z"
+
+    def rotate_secrets(self, rotate: Callable[[str], str]) -> int:
+        """Re-encrypt every stored secret with `rotate` (secrets.Secrets.rotate), in one
+        transaction: all or nothing."""
+        count = 0
+        with self.write() as session:
+            rows = session.scalars(select(Binding).where(Binding.credentials.is_not(None)))
+            for binding in rows:
+                assert binding.credentials is not None
+                binding.credentials = rotate(binding.credentials)
+                count += 1
+        return count
+
+    def forget_instance(self, instance_id: str) -> bool:
+        with self.write() as session:
+            session.execute(delete(Operation).where(Operation.instance_id == instance_id))
+            session.execute(delete(Binding).where(Binding.instance_id == instance_id))
+            result = session.execute(delete(Instance).where(Instance.id == instance_id))
+            return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    def gone_before(self, when: datetime) -> list[str]:
+        with self.read() as session:
+            query = select(Instance.id).where(Instance.state == GONE, Instance.updated_at < when)
+            return list(session.scalars(query).all())
+
+    def snapshot(self) -> dict[str, list[tuple[Any, ...]]]:
+        """Every row of every table (tests compare snapshots around 4xx answers)."""
+        out: dict[str, list[tuple[Any, ...]]] = {}
+        with self.read() as session:
+            for table in Base.metadata.sorted_tables:
+                rows = session.execute(select(table)).all()
+                out[table.name] = sorted((tuple(r) for r in rows), key=repr)
+        return out
+
+    def count(self, model: type[Base]) -> int:
+        with self.read() as session:
+            return int(session.scalar(select(func.count()).select_from(model)) or 0)
+
+
+def _mine(operation_id: str, owner: str) -> Any:
+    return and_(
+        Operation.id == operation_id,
+        Operation.lease_owner == owner,
+        Operation.state == IN_PROGRESS,
+    )
+
+
+def is_duplicate(exc: IntegrityError) -> bool:
+    """An insert lost a race with an identical id (unique/primary key violation)."""
+    text = str(exc.orig).lower()
+    return "unique" in text or "duplicate" in text or "primary key" in text

@@ -1,0 +1,340 @@
+"""Reading a federation config: YAML file -> validated :class:`~scoperouter.catalog.Catalog`.
+
+Every error is a :class:`~scoperouter.errors.ConfigError` whose location is ``FILE: key.path``,
+so ``scoperouter check-config`` and a refused reload say exactly what to fix. Beyond the shape
+of the document, the loader refuses what would make a router misbehave at run time: endpoint
+URLs off the cloud's frontends, a URL shared by two services, and a backend that is in fact a
+router of the federation (requests would loop).
+
+The format is documented in config/federation.yaml and docs/design.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from scoperouter.catalog import (
+    INTERFACES,
+    URL,
+    Breaker,
+    Catalog,
+    Cloud,
+    Endpoint,
+    Frontend,
+    Limits,
+    Settings,
+    parse_hostport,
+    parse_url,
+)
+from scoperouter.errors import ConfigError
+
+__all__ = ["build_catalog", "load_catalog", "parse_catalog", "read_config"]
+
+
+def load_catalog(
+    path: str | Path, *, source: str | None = None, base_dir: Path | None = None
+) -> Catalog:
+    """Read and validate a federation config file; raises ConfigError naming the key.
+
+    `source` names the file in errors and `base_dir` resolves its relative paths (both default
+    to the file's own): a router worker reads the copy its supervisor checked, as the original.
+    """
+    path = Path(path)
+    return parse_catalog(read_config(path), source or str(path), base_dir or path.parent)
+
+
+def read_config(path: str | Path) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read: {exc.strerror}") from None
+
+
+def parse_catalog(text: str, source: str, base_dir: Path) -> Catalog:
+    """The catalog of a config file's text (`source` names it in errors)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(where, f"not valid YAML: {problem}") from None
+    return build_catalog(data, source=source, base_dir=base_dir)
+
+
+def build_catalog(data: Any, source: str = "<config>", base_dir: Path | None = None) -> Catalog:
+    """Validate the parsed YAML document and build the Catalog."""
+    loader = _Loader(base_dir or Path.cwd())
+    try:
+        return loader.catalog(data)
+    except ConfigError as exc:
+        if exc.location.startswith(source):
+            raise
+        raise ConfigError(f"{source}: {exc.location}", exc.message) from None
+
+
+def _number(value: Any, where: str, *, integer: bool = False) -> float:
+    """A positive, finite number (an integer if asked), else ConfigError."""
+    ok = isinstance(value, int) if integer else isinstance(value, int | float)
+    if not ok or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        kind = "a positive integer" if integer else "a positive number of seconds"
+        raise ConfigError(where, f"must be {kind}, not {value!r}")
+    return float(value)
+
+
+class _Loader:
+    """Walks the document keeping the key path, so every error says exactly where it is."""
+
+    def __init__(self, base_dir: Path) -> None:
+        self.base_dir = base_dir
+
+    def catalog(self, data: Any) -> Catalog:
+        doc = self._mapping(
+            data, "", required={"clouds"}, allowed={"version", "settings", "clouds"}
+        )
+        if doc.get("version", 1) != 1:
+            raise ConfigError("version", f"unsupported version {doc['version']!r} (expected 1)")
+        settings = self.settings(doc.get("settings") or {}, "settings")
+        clouds_doc = self._mapping(doc["clouds"], "clouds")
+        if not clouds_doc:
+            raise ConfigError("clouds", "at least one cloud is required")
+        clouds = {
+            str(name): self.cloud(str(name), body, f"clouds.{name}")
+            for name, body in clouds_doc.items()
+        }
+        for cloud in clouds.values():
+            for remote in cloud.credentials:
+                if remote not in clouds or remote == cloud.name:
+                    raise ConfigError(
+                        f"clouds.{cloud.name}.credentials.{remote}",
+                        "must be another cloud of this federation",
+                    )
+        _refuse_router_backends(clouds)
+        return Catalog(clouds, settings)
+
+    def settings(self, data: Any, where: str) -> Settings:
+        allowed = set(Settings.__dataclass_fields__)
+        doc = self._mapping(data, where, allowed=allowed)
+        defaults = Settings()
+        hop_limit = int(
+            _number(doc.get("hop_limit", defaults.hop_limit), f"{where}.hop_limit", integer=True)
+        )
+        timeouts: dict[str, float] = {}
+        for key in ("connect_timeout", "response_timeout"):
+            timeouts[key] = _number(doc.get(key, getattr(defaults, key)), f"{where}.{key}")
+        for key in ("peer_connect_timeout", "peer_response_timeout"):
+            # A peer's timeouts default to the backends' (the same keys without "peer_").
+            value = doc.get(key, timeouts[key.removeprefix("peer_")])
+            timeouts[key] = _number(value, f"{where}.{key}")
+        verify = doc.get("verify", True)
+        if not isinstance(verify, bool):
+            raise ConfigError(f"{where}.verify", f"must be true or false, not {verify!r}")
+        ca_bundle = doc.get("ca_bundle")
+        if ca_bundle is not None:
+            ca_bundle = self._file(ca_bundle, f"{where}.ca_bundle")
+        return Settings(
+            hop_limit=hop_limit,
+            ca_bundle=ca_bundle,
+            verify=verify,
+            limits=self.limits(doc.get("limits") or {}, f"{where}.limits"),
+            breaker=self.breaker(doc.get("breaker") or {}, f"{where}.breaker"),
+            **timeouts,
+        )
+
+    def limits(self, data: Any, where: str) -> Limits:
+        doc = self._mapping(data, where, allowed=set(Limits.__dataclass_fields__))
+        defaults = Limits()
+        values: dict[str, Any] = {}
+        for key in ("max_headers", "max_header_bytes", "max_request_line"):
+            value = doc.get(key, getattr(defaults, key))
+            values[key] = int(_number(value, f"{where}.{key}", integer=True))
+        for key in ("header_timeout", "idle_timeout"):
+            values[key] = _number(doc.get(key, getattr(defaults, key)), f"{where}.{key}")
+        if values["max_request_line"] > values["max_header_bytes"]:
+            raise ConfigError(
+                f"{where}.max_request_line", "must not be larger than max_header_bytes"
+            )
+        return Limits(**values)
+
+    def breaker(self, data: Any, where: str) -> Breaker:
+        doc = self._mapping(data, where, allowed=set(Breaker.__dataclass_fields__))
+        defaults = Breaker()
+        failures = doc.get("failures", defaults.failures)
+        return Breaker(
+            failures=int(_number(failures, f"{where}.failures", integer=True)),
+            down_for=_number(doc.get("down_for", defaults.down_for), f"{where}.down_for"),
+        )
+
+    def cloud(self, name: str, data: Any, where: str) -> Cloud:
+        if not name or any(c in name for c in " &|()\"'"):
+            raise ConfigError(
+                where, "a cloud name cannot be empty or contain spaces, quotes, & | ( )"
+            )
+        doc = self._mapping(
+            data,
+            where,
+            required={"frontends", "services"},
+            allowed={"region", "frontends", "proxy", "metrics", "services", "credentials"},
+        )
+        region = doc.get("region", name)
+        if not isinstance(region, str) or not region:
+            raise ConfigError(f"{where}.region", "must be a non-empty string")
+        frontends_doc = doc["frontends"]
+        if not isinstance(frontends_doc, list) or not frontends_doc:
+            raise ConfigError(f"{where}.frontends", "must be a non-empty list of {url: ...}")
+        frontends = tuple(
+            self.frontend(f, f"{where}.frontends[{i}]") for i, f in enumerate(frontends_doc)
+        )
+        services = self._mapping(doc["services"], f"{where}.services")
+        endpoints = []
+        for service_type, interfaces in services.items():
+            st_where = f"{where}.services.{service_type}"
+            for interface, body in self._mapping(
+                interfaces, st_where, allowed=set(INTERFACES)
+            ).items():
+                endpoints.append(
+                    self.endpoint(
+                        name,
+                        str(service_type),
+                        interface,
+                        body,
+                        frontends,
+                        f"{st_where}.{interface}",
+                    )
+                )
+        if not endpoints:
+            raise ConfigError(f"{where}.services", "at least one service endpoint is required")
+        credentials = {
+            str(k): v
+            for k, v in self._mapping(doc.get("credentials") or {}, f"{where}.credentials").items()
+        }
+        for remote, entry in credentials.items():
+            if not isinstance(entry, str) or not entry:
+                raise ConfigError(
+                    f"{where}.credentials.{remote}", "must name a clouds.yaml entry (a string)"
+                )
+        return Cloud(
+            name=name,
+            region=region,
+            frontends=frontends,
+            endpoints=tuple(endpoints),
+            proxy_listen=self._listen(doc.get("proxy"), f"{where}.proxy"),
+            metrics_listen=self._listen(doc.get("metrics"), f"{where}.metrics"),
+            credentials=credentials,
+        )
+
+    def frontend(self, data: Any, where: str) -> Frontend:
+        doc = self._mapping(data, where, required={"url"}, allowed={"url", "listen", "tls"})
+        url = self._url(doc["url"], f"{where}.url")
+        if url.path:
+            raise ConfigError(
+                f"{where}.url", "a frontend url is scheme://host:port, without a path"
+            )
+        host, port = (
+            self._hostport(doc["listen"], f"{where}.listen")
+            if "listen" in doc
+            else (url.host, url.port)
+        )
+        cert = key = None
+        if doc.get("tls") is not None:
+            tls = self._mapping(
+                doc["tls"], f"{where}.tls", required={"cert", "key"}, allowed={"cert", "key"}
+            )
+            cert = self._file(tls["cert"], f"{where}.tls.cert")
+            key = self._file(tls["key"], f"{where}.tls.key")
+        if (url.scheme == "https") != (cert is not None):
+            raise ConfigError(
+                f"{where}.tls",
+                "an https frontend needs tls: {cert, key}; an http one must not have it",
+            )
+        return Frontend(url, host, port, cert, key)
+
+    def endpoint(
+        self,
+        cloud: str,
+        service_type: str,
+        interface: str,
+        data: Any,
+        frontends: tuple[Frontend, ...],
+        where: str,
+    ) -> Endpoint:
+        doc = self._mapping(data, where, required={"url", "backend"}, allowed={"url", "backend"})
+        url = self._url(doc["url"], f"{where}.url")
+        backend = self._url(doc["backend"], f"{where}.backend")
+        if not any(
+            (f.url.scheme, f.url.host, f.url.port) == (url.scheme, url.host, url.port)
+            for f in frontends
+        ):
+            listed = ", ".join(str(f.url) for f in frontends)
+            raise ConfigError(
+                f"{where}.url", f"{url} is not on one of this cloud's frontends ({listed})"
+            )
+        return Endpoint(cloud, service_type, interface, url, backend)
+
+    def _listen(self, data: Any, where: str) -> tuple[str, int] | None:
+        """``{listen: HOST:PORT}`` (the proxy and metrics sections), or None when absent."""
+        if data is None:
+            return None
+        doc = self._mapping(data, where, required={"listen"}, allowed={"listen"})
+        return self._hostport(doc["listen"], f"{where}.listen")
+
+    def _mapping(
+        self, data: Any, where: str, required: Iterable[str] = (), allowed: set[str] | None = None
+    ) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            kind = "nothing" if data is None else type(data).__name__
+            raise ConfigError(where or "(top level)", f"expected a mapping, found {kind}")
+        missing = sorted(set(required) - set(data))
+        if missing:
+            raise ConfigError(where or "(top level)", f"missing key(s): {', '.join(missing)}")
+        if allowed is not None:
+            unknown = sorted(str(k) for k in data if k not in allowed)
+            if unknown:
+                raise ConfigError(
+                    f"{where}.{unknown[0]}" if where else unknown[0],
+                    f"unknown key (expected one of: {', '.join(sorted(allowed))})",
+                )
+        return data
+
+    def _url(self, value: Any, where: str) -> URL:
+        try:
+            return parse_url(value)
+        except ValueError as exc:
+            raise ConfigError(where, str(exc)) from None
+
+    def _hostport(self, value: Any, where: str) -> tuple[str, int]:
+        try:
+            return parse_hostport(value)
+        except ValueError as exc:
+            raise ConfigError(where, str(exc)) from None
+
+    def _file(self, value: Any, where: str) -> str:
+        if not isinstance(value, str) or not value:
+            raise ConfigError(where, "expected a file path")
+        path = Path(value) if Path(value).is_absolute() else self.base_dir / value
+        if not path.is_file():
+            raise ConfigError(where, f"no such file: {path}")
+        return str(path)
+
+
+def _refuse_router_backends(clouds: Mapping[str, Cloud]) -> None:
+    """A backend must be a real service: one at an address where a router of the federation
+    answers would send every request back into the federation (a loop the hop count would
+    only stop after hop_limit passes)."""
+    routers = {
+        address: cloud.name for cloud in clouds.values() for address in cloud.listen_addresses()
+    }
+    for cloud in clouds.values():
+        for ep in cloud.endpoints:
+            owner = routers.get((ep.backend.host, ep.backend.port))
+            if owner is not None:
+                raise ConfigError(
+                    f"clouds.{cloud.name}.services.{ep.service_type}.{ep.interface}.backend",
+                    f"{ep.backend.base} is where the router of {owner} listens, not a service: "
+                    "requests sent there would come back (routing loop)",
+                )

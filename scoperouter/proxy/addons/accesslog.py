@@ -1,0 +1,106 @@
+"""AccessLog: one structured line per request the router answers, with its request id.
+
+Written once per request, when its answer is known: the response (``response``), an error
+answer (``error``: the status :class:`ErrorAnswers` chose) or a refusal of the request head
+(``refused``, from :class:`HeadGuard`). The request id (``X-Scope-Request-Id``, passed to the
+next router and returned to the client) ties the lines of every router a request crossed.
+Fields never include a header value, a query string or a body (where tokens travel).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from mitmproxy import http
+
+from scoperouter.errors import Reject
+from scoperouter.proxy import mitm
+from scoperouter.proxy.addons.config import RouterConfig
+from scoperouter.proxy.flowstate import (
+    REQUEST_ID_HEADER,
+    FlowState,
+    request_id,
+    set_headers,
+    state_of,
+)
+from scoperouter.proxy.logs import FIELDS
+from scoperouter.routing import Forward
+
+access = logging.getLogger("scoperouter.access")
+
+
+class AccessLog:
+    def __init__(self, config: RouterConfig) -> None:
+        self.config = config
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        state = state_of(flow)
+        if state is not None and flow.response is not None:
+            set_headers(flow.response.headers, {REQUEST_ID_HEADER: state.request_id})
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        state = state_of(flow)
+        if state is not None:
+            status = flow.response.status_code if flow.response is not None else 0
+            self.write(state, status, flow.error.msg if flow.error else None)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        state = state_of(flow)
+        if state is not None:
+            self.write(state, state.status or 0, flow.error.msg if flow.error else None)
+
+    def write(self, state: FlowState, status: int, error: str | None = None) -> None:
+        if state.logged:
+            return
+        state.logged = True
+        if not access.isEnabledFor(logging.INFO):
+            return
+        fields: dict[str, Any] = {
+            "request_id": state.request_id,
+            "method": state.method,
+            "path": state.path,
+            "status": status or None,
+            "ms": round((time.monotonic() - state.started) * 1000, 1),
+        }
+        decision = state.decision
+        if isinstance(decision, Forward):
+            fields["service"] = decision.service_type
+            fields["cloud"] = decision.cloud
+            fields["decision"] = "remote" if decision.remote else "local"
+            fields["target"] = decision.url.partition("?")[0]
+        else:
+            fields["decision"] = "refused"
+        reason = state.message or (decision.message if isinstance(decision, Reject) else None)
+        if reason is not None and status >= 400:
+            fields["reason"] = _short(reason)
+        elif error:
+            fields["error"] = _short(error)
+        access.info("%s %s %s", state.method, state.path, status or "-", extra={FIELDS: fields})
+
+    def refused(self, refusal: mitm.Refusal) -> None:
+        if not access.isEnabledFor(logging.INFO):
+            return
+        fields = {
+            "request_id": request_id(None),
+            "method": refusal.method,
+            "path": refusal.path,
+            "status": refusal.status,
+            "ms": round((time.monotonic() - refusal.started) * 1000, 1),
+            "decision": "refused",
+            "reason": _short(refusal.message),
+            "client": _client(refusal),
+        }
+        access.info(
+            "%s %s %s", refusal.method, refusal.path, refusal.status, extra={FIELDS: fields}
+        )
+
+
+def _client(refusal: mitm.Refusal) -> str | None:
+    peer = refusal.client.peername
+    return f"{peer[0]}:{peer[1]}" if peer else None
+
+
+def _short(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

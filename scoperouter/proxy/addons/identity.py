@@ -1,0 +1,67 @@
+"""TokenSwap: carries a local service's token to another cloud (see scoperouter/identity.py).
+
+When the decision marks headers in ``Forward.swap_tokens`` (keystonemiddleware validating a
+token another cloud issued, ``X-Service-Token`` of nova calling another cloud's glance), the
+token is checked with this cloud's keystone (valid, with a service role) and replaced by the
+router's own token for the target cloud. Keystone's answers are cached, so the hook is
+asynchronous only on the rare path that needs one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+
+from mitmproxy import http
+
+from scoperouter.catalog import Catalog
+from scoperouter.errors import Reject
+from scoperouter.identity import Identity
+from scoperouter.proxy.addons.config import RouterConfig
+from scoperouter.proxy.flowstate import FlowState, answer, set_headers, state_of
+from scoperouter.routing import Forward
+from scoperouter.scope import split_token
+
+logger = logging.getLogger("scoperouter")
+
+
+class TokenSwap:
+    def __init__(self, config: RouterConfig) -> None:
+        self.config = config
+        self.identity: Identity | None = None
+        config.subscribe(self._configure)
+
+    def _configure(self, catalog: Catalog) -> None:
+        if self.identity is None:
+            self.identity = Identity(catalog, self.config.cloud)
+        else:
+            self.identity.update(catalog)
+
+    def requestheaders(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        state = state_of(flow)
+        if state is None or flow.response is not None or self.identity is None:
+            return None
+        decision = state.decision
+        if not isinstance(decision, Forward) or not decision.swap_tokens:
+            return None
+        return self._swap(flow, state, decision, self.identity)
+
+    @staticmethod
+    async def _swap(
+        flow: http.HTTPFlow, state: FlowState, decision: Forward, identity: Identity
+    ) -> None:
+        received = state.headers
+        tokens = {
+            name: split_token(received[name])[0]
+            for name in decision.swap_tokens
+            if name in received
+        }
+        try:
+            result = await identity.swap(tokens, decision.swap_tokens, decision.cloud)
+        except Exception:
+            logger.exception("token swap failed for %s %s", state.method, state.path)
+            result = Reject(500, "the router failed to carry the request's tokens (see its log)")
+        if isinstance(result, Reject):
+            answer(flow, state, result)
+            return
+        set_headers(flow.request.headers, result)

@@ -1,0 +1,96 @@
+"""Metrics: the Prometheus metrics of :mod:`scoperouter.proxy.metrics`, kept up to date.
+
+Counted once per request the router answers (responses, error answers, refused heads), with the
+time from the request head to the answer; open client connections; and the health of every
+upstream this router uses (each other cloud's router, each backend of this cloud: 1 up, 0 down,
+as :class:`UpstreamHealth` decides).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from mitmproxy import http
+from mitmproxy.connection import Client
+
+from scoperouter.catalog import Catalog
+from scoperouter.proxy import metrics, mitm
+from scoperouter.proxy.addons.config import RouterConfig
+from scoperouter.proxy.addons.health import Upstream, UpstreamHealth
+from scoperouter.proxy.flowstate import FlowState, state_of
+from scoperouter.routing import Forward
+
+
+class Metrics:
+    def __init__(self, config: RouterConfig, health: UpstreamHealth) -> None:
+        self.config = config
+        self._requests: dict[tuple[str, str, str, int], Any] = {}
+        self._durations: dict[tuple[str, str], Any] = {}
+        config.subscribe(self._upstreams)
+        health.on_change(self._health)
+
+    def _upstreams(self, catalog: Catalog) -> None:
+        """Every upstream of the new config starts as up (those marked down say so later)."""
+        cloud = self.config.cloud
+        for other in catalog.clouds.values():
+            for ep in other.endpoints:
+                if other.name == cloud:
+                    labels = (cloud, "backend", ep.service_type, ep.backend.base)
+                else:
+                    labels = (other.name, "peer", ep.service_type, ep.url.base)
+                metrics.UPSTREAM_UP.labels(*labels).set(1)
+
+    @staticmethod
+    def _health(upstream: Upstream, up: bool) -> None:
+        metrics.UPSTREAM_UP.labels(
+            upstream.cloud, upstream.kind, upstream.service, upstream.address
+        ).set(1 if up else 0)
+
+    def client_connected(self, client: Client) -> None:
+        metrics.OPEN_CONNECTIONS.inc()
+
+    def client_disconnected(self, client: Client) -> None:
+        metrics.OPEN_CONNECTIONS.dec()
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        state = state_of(flow)
+        if state is not None:
+            self.count(state, flow.response.status_code if flow.response is not None else 0)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        state = state_of(flow)
+        if state is not None:
+            self.count(state, state.status or 0)
+
+    def count(self, state: FlowState, status: int) -> None:
+        if state.counted:
+            return
+        state.counted = True
+        decision = state.decision
+        if isinstance(decision, Forward):
+            key = (
+                decision.service_type,
+                decision.cloud,
+                "remote" if decision.remote else "local",
+                status,
+            )
+        else:
+            key = ("-", "-", "refused", status)
+        self._observe(key, time.monotonic() - state.started)
+
+    def refused(self, refusal: mitm.Refusal) -> None:
+        self._observe(("-", "-", "refused", refusal.status), time.monotonic() - refusal.started)
+
+    def _observe(self, key: tuple[str, str, str, int], seconds: float) -> None:
+        counter = self._requests.get(key)
+        if counter is None:  # labels() takes a lock and builds a key: once per label set
+            service, cloud, decision, status = key
+            counter = metrics.REQUESTS.labels(service, cloud, decision, str(status or "-"))
+            self._requests[key] = counter
+        counter.inc()
+        short = (key[0], key[2])
+        histogram = self._durations.get(short)
+        if histogram is None:
+            histogram = self._durations[short] = metrics.DURATION.labels(*short)
+        histogram.observe(seconds)

@@ -1,0 +1,215 @@
+"""Helpers for the e2e tests of the broker's server and image services (test_broker_server.py,
+test_broker_image.py): the broker's view of the lab, and a sweep of what a test left.
+
+Everything these tests create in the lab has a name or tag starting with ``osb`` and carries a
+per-run id, so a sweep removes exactly what this run made and never another helper's resources.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from scoperouter.broker.clouds import CloudAccess, FederationClouds
+from scoperouter.broker.config import IdentityConfig
+from scoperouter.broker.identity import Identity
+from scoperouter.broker.osbclient import OSBClient
+from tests.broker.conftest import PASSWORD
+from tests.broker.pg import free_port
+from tests.broker.procs import BrokerProcess
+
+RUN = uuid.uuid4().hex[:8]  # this test run: in every name and instance id
+
+
+def broker_clouds(lab: Any, fed: Any) -> FederationClouds:
+    """The broker's federation: the lab's admin entries, through the routers."""
+    one, two, _ = fed
+    return FederationClouds(
+        [CloudAccess(name=c.name, entry=f"{c.slug}-admin") for c in (one, two)],
+        config_files=[lab.clouds_yaml],
+        capacity_ttl=0.0,  # these tests change capacity on purpose
+    )
+
+
+def instance_id(label: str) -> str:
+    return f"osb-{RUN}-{label}-{uuid.uuid4().hex[:6]}"
+
+
+def context(space: str) -> dict[str, str]:
+    """A Cloud Foundry context whose space project's name carries this run's id (the sweep
+    finds it: ``osb-cloudfoundry-osb-<run>-<space>-<digest>``)."""
+    return {"platform": "cloudfoundry", "organization_guid": f"osb-{RUN}", "space_guid": space}
+
+
+def identity() -> Identity:
+    """The broker's identity component with the sample config's defaults."""
+    return Identity(IdentityConfig())
+
+
+def sweep(clouds: FederationClouds, timeout: float = 120.0) -> list[str]:
+    """Delete every server, image, flavor and project of this run in every cloud; what was
+    deleted, for the test log."""
+    gone: list[str] = []
+    for cloud in clouds.names():
+        admin = clouds.connect(cloud)
+        servers = [
+            s for s in admin.compute.servers(all_projects=True) if f"osb-{RUN}" in (s.name or "")
+        ]
+        for server in servers:
+            admin.compute.delete_server(server.id, ignore_missing=True)
+            gone.append(f"{cloud} server {server.id}")
+        _wait_gone(admin, servers, timeout)
+        for image in admin.image.images():
+            if f"osb-{RUN}" in (image.name or "") or _tagged_run(image.tags or []):
+                admin.image.delete_image(image.id, ignore_missing=True)
+                gone.append(f"{cloud} image {image.id}")
+        for flavor in admin.compute.flavors(is_public=None):
+            if flavor.name.startswith(f"osb-{RUN}"):
+                admin.compute.delete_flavor(flavor.id, ignore_missing=True)
+                gone.append(f"{cloud} flavor {flavor.name}")
+        for project in admin.identity.projects():
+            if f"osb-{RUN}" in project.name:
+                admin.identity.delete_project(project.id, ignore_missing=True)
+                gone.append(f"{cloud} project {project.name}")
+    return gone
+
+
+def _tagged_run(tags: Iterable[str]) -> bool:
+    return any(tag.startswith(f"osb-osb-{RUN}") or tag == f"osb-{RUN}" for tag in tags)
+
+
+def _wait_gone(admin: Any, servers: list[Any], timeout: float) -> None:
+    end = time.monotonic() + timeout
+    pending = {s.id for s in servers}
+    while pending and time.monotonic() < end:
+        listed = {s.id for s in admin.compute.servers(all_projects=True)}
+        pending &= listed
+        if pending:
+            time.sleep(1)
+
+
+OPENSTACK = Path(sys.executable).with_name("openstack")  # this venv's: it has --os-scope
+
+
+class RSSSampler:
+    """Peak resident memory of a process, sampled every `interval` seconds in a thread."""
+
+    def __init__(self, pid: int, interval: float = 0.02) -> None:
+        import psutil
+
+        self.process = psutil.Process(pid)
+        self.interval = interval
+        self.peak = self.start = self.process.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.process.memory_info().rss)
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> RSSSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class OSBBroker:
+    """`scoperouter broker serve` (a real process, SQLite) with the server and image services
+    on the lab's clouds, and the project's OSB client sending what Cloud Foundry sends, for
+    the space `space` of this run."""
+
+    def __init__(self, lab: Any, tmp: Path, space: str = "osb") -> None:
+        self.lab = lab
+        self.tmp = tmp
+        config = {
+            "listen": f"127.0.0.1:{free_port()}",
+            "database": {"url": f"sqlite:///{tmp / 'broker.db'}"},
+            "clouds_yaml": [str(lab.clouds_yaml)],
+            "clouds": {c.name: {"entry": f"{c.slug}-admin"} for c in lab.clouds[:2]},
+            "worker": {
+                "threads": 4,
+                "lease_seconds": 30,
+                "heartbeat_seconds": 5,
+                "poll_seconds": 0.2,
+            },
+            "services": {
+                "openstack-server": {
+                    "networks": "none",
+                    "plans": [{"name": "tiny", "flavor": "m1.tiny"}],
+                },
+                "openstack-image": {"plans": [{"name": "copy"}]},
+            },
+        }
+        self.config = tmp / "broker.yaml"
+        self.config.write_text(yaml.safe_dump(config))
+        self.log = tmp / "broker.log"
+        self.process = BrokerProcess(self.config, self.log).start()
+        self.osb = OSBClient(
+            self.process.url, "broker", PASSWORD, context=context(space), timeout=60
+        )
+        catalog = self.osb.catalog()
+        assert catalog.status == 200, catalog.body
+        self.ids = {s["name"]: (s["id"], s["plans"][0]["id"]) for s in catalog.body["services"]}
+
+    @property
+    def pid(self) -> int:
+        assert self.process.proc is not None
+        return self.process.proc.pid
+
+    def provision(self, service: str, label: str, parameters: dict[str, Any]) -> tuple[str, Any]:
+        """Provision and wait: (instance id, the final last_operation answer)."""
+        service_id, plan_id = self.ids[service]
+        iid = instance_id(label)
+        answer = self.osb.provision(iid, service_id, plan_id, parameters)
+        assert answer.status == 202, answer.body
+        return iid, self.osb.wait(iid, answer.operation, timeout=600)
+
+    def bind(self, service: str, iid: str, suffix: str = "b") -> tuple[str, dict[str, Any]]:
+        service_id, plan_id = self.ids[service]
+        binding = f"{iid}-{suffix}"
+        answer = self.osb.bind(iid, binding, service_id, plan_id)
+        assert answer.status == 202, answer.body
+        last = self.osb.wait(iid, answer.operation, binding_id=binding, timeout=120)
+        assert last.body["state"] == "succeeded", last.body
+        got = self.osb.get_binding(iid, binding)
+        assert got.status == 200, got.body
+        return binding, got.body["credentials"]
+
+    def unbind(self, service: str, iid: str, binding: str) -> None:
+        service_id, plan_id = self.ids[service]
+        answer = self.osb.unbind(iid, binding, service_id, plan_id)
+        assert answer.status == 202, answer.body
+        assert self.osb.wait(iid, answer.operation, binding_id=binding).status == 410
+
+    def deprovision(self, service: str, iid: str) -> None:
+        service_id, plan_id = self.ids[service]
+        answer = self.osb.deprovision(iid, service_id, plan_id)
+        assert answer.status == 202, answer.body
+        assert self.osb.wait(iid, answer.operation, timeout=600).status == 410
+
+    def openstack(self, clouds_yaml: str, *args: str) -> subprocess.CompletedProcess[str]:
+        """The `openstack` CLI (with the --os-scope plugin) on a binding's clouds.yaml."""
+        path = self.tmp / f"binding-{uuid.uuid4().hex[:6]}.yaml"
+        path.write_text(clouds_yaml)
+        env = {**self.lab.env(), "OS_CLIENT_CONFIG_FILE": str(path)}
+        name = next(iter(yaml.safe_load(clouds_yaml)["clouds"]))
+        return subprocess.run(
+            [str(OPENSTACK), "--os-cloud", name, *args, "-f", "json"],
+            capture_output=True, text=True, env=env, timeout=120, check=False,
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        self.process.stop()
+        self.osb.close()

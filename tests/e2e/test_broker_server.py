@@ -1,0 +1,155 @@
+"""openstack-server against the lab, through the broker's OSB API (a real `broker serve`
+process, driven by the project's OSB client as Cloud Foundry would): a server in CloudOne from
+CloudTwo's image with its whole lifecycle (bind, the binding's clouds.yaml with the `openstack`
+CLI, unbind, deprovision), ``most-free`` choosing the emptier cloud, and a refusal (a quota of
+0 instances) making the broker use the next cloud and say why."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from scoperouter.broker.identity import space_of
+from scoperouter.broker.services.server import METADATA_KEY, instance_tag
+from tests.e2e.broker_services import RUN, OSBBroker, broker_clouds, context, identity, sweep
+
+pytestmark = pytest.mark.e2e
+
+SERVER = "openstack-server"
+
+
+@pytest.fixture(scope="module")
+def clouds(lab, fed) -> Iterator[Any]:
+    clouds = broker_clouds(lab, fed)
+    yield clouds
+    sweep(clouds)
+
+
+@pytest.fixture(scope="module")
+def env(lab, clouds, tmp_path_factory) -> Iterator[OSBBroker]:
+    broker = OSBBroker(lab, Path(tmp_path_factory.mktemp("osb-server")))
+    yield broker
+    broker.stop()
+
+
+def _tagged(clouds, iid: str) -> dict[str, list[str]]:
+    return {
+        cloud: [
+            s.id
+            for s in clouds.connect(cloud).compute.servers(
+                all_projects=True, tags=instance_tag(iid)
+            )
+        ]
+        for cloud in clouds.names()
+    }
+
+
+def test_server_in_cloudone_from_cloudtwos_image_full_lifecycle(env, clouds, fed):
+    one, two, tiny = fed
+    params = {"image": tiny[two.name], "where": {"cloud": one.name}}
+    iid, last = env.provision(SERVER, "x", params)
+    assert last.body["state"] == "succeeded", last.body
+    got = env.osb.get_instance(iid)
+    assert got.status == 200, got.body
+    attributes = got.body["metadata"]["attributes"]
+    server_id = attributes["server_id"]
+    assert attributes["cloud"] == one.name and attributes["image_cloud"] == two.name
+    assert attributes["scope"] == f'{{"image":"{two.name}"}}'
+    assert last.body["description"] == (
+        f"server {server_id} is ACTIVE in {one.name}, image {tiny[two.name]} from {two.name} "
+        "through the routers"
+    )
+    server = clouds.connect(one.name).compute.get_server(server_id)
+    assert server.status == "ACTIVE" and server.image.id == tiny[two.name]
+    assert server.project_id == attributes["project_id"]
+    assert server.metadata[METADATA_KEY] == iid and instance_tag(iid) in server.tags
+    space = identity().space_project(clouds.connect(one.name), space_of(context("osb")))
+    assert server.project_id == space  # the platform space's project in CloudOne
+
+    binding, creds = env.bind(SERVER, iid)
+    assert creds["server_id"] == server_id and creds["cloud"] == one.name
+    assert creds["router_url"] == f"http://{one.front_ip}:5000/v3"
+    entry = yaml.safe_load(creds["clouds_yaml"])["clouds"][creds["os_cloud"]]
+    assert entry["auth_type"] == "v3applicationcredential"
+    assert entry["scope"] == {"image": two.name}  # what the server was built with
+    # the binding's credential with the openstack CLI: the server, and through the scope the
+    # image it was booted from, which lives in CloudTwo
+    shown = env.openstack(creds["clouds_yaml"], "server", "show", server_id)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["status"] == "ACTIVE"
+    image = env.openstack(creds["clouds_yaml"], "image", "show", tiny[two.name])
+    assert image.returncode == 0, image.stderr
+    assert json.loads(image.stdout)["id"] == tiny[two.name]
+
+    env.unbind(SERVER, iid, binding)
+    refused = env.openstack(creds["clouds_yaml"], "server", "show", server_id)
+    assert refused.returncode != 0  # the credential was revoked
+
+    env.deprovision(SERVER, iid)
+    assert _tagged(clouds, iid) == {one.name: [], two.name: []}
+
+
+def test_most_free_chooses_the_emptier_cloud_and_a_refusal_moves_on(env, clouds, fed):
+    one, two, tiny = fed
+    filler = _fill(clouds, two.name, tiny[two.name])
+    try:
+        fuller, emptier = clouds.capacity(two.name), clouds.capacity(one.name)
+        assert fuller.free["MEMORY_MB"] < 0.5 * emptier.free["MEMORY_MB"]
+
+        # most-free (the default): CloudOne, with its own `tiny` (no scope needed)
+        iid, last = env.provision(SERVER, "free", {"image": "tiny"})
+        assert last.body["state"] == "succeeded", last.body
+        assert last.body["description"].startswith("server ") and (
+            last.body["description"].endswith(f"is ACTIVE in {one.name}")
+        )
+        attributes = env.osb.get_instance(iid).body["metadata"]["attributes"]
+        assert attributes["cloud"] == one.name and attributes["scope"] is None
+        env.deprovision(SERVER, iid)
+
+        # a quota of 0 instances on the space's project in CloudOne: refused, CloudTwo takes it
+        admin = clouds.connect(one.name)
+        project_id = identity().space_project(admin, space_of(context("osb")))
+        admin.set_compute_quotas(project_id, instances=0)
+        try:
+            iid, last = env.provision(SERVER, "quota", {"image": "tiny"})
+        finally:
+            admin.set_compute_quotas(project_id, instances=10)
+        assert last.body["state"] == "succeeded", last.body
+        assert (
+            f"is ACTIVE in {two.name}; {one.name} refused it: 403: Quota exceeded for "
+            in (last.body["description"])
+        )
+        assert _tagged(clouds, iid)[one.name] == []
+        env.deprovision(SERVER, iid)
+    finally:
+        admin2 = clouds.connect(two.name)
+        admin2.compute.delete_server(filler.id)
+        admin2.compute.wait_for_delete(filler, wait=300)
+
+
+def _fill(clouds, cloud: str, image_id: str) -> Any:
+    """Make `cloud` the fuller one: a server taking 60 % of its free memory and disk (and VCPUs
+    up to placement's max_unit for one allocation, the fake hypervisor's 1000)."""
+    free = clouds.capacity(cloud).free
+    admin = clouds.connect(cloud)
+    flavor = admin.compute.create_flavor(
+        name=f"osb-{RUN}-big",
+        vcpus=int(min(free["VCPU"] * 0.6, 1000)),
+        ram=int(free["MEMORY_MB"] * 0.6),
+        disk=int(free["DISK_GB"] * 0.6),
+    )
+    project = admin.identity.create_project(name=f"osb-{RUN}-filler", domain_id="default")
+    member = admin.identity.find_role("member", ignore_missing=False)
+    admin.identity.assign_project_role_to_user(project, admin.current_user_id, member)
+    admin.set_compute_quotas(project.id, instances=-1, cores=-1, ram=-1)
+    server = clouds.connect(cloud, project_id=project.id).compute.create_server(
+        name=f"osb-{RUN}-filler", flavor_id=flavor.id, image_id=image_id, networks="none"
+    )
+    server = admin.compute.wait_for_server(server, wait=300)
+    assert server.status == "ACTIVE"
+    return server

@@ -1,0 +1,75 @@
+"""Router log lines: JSON objects (or text), written in batches, warnings at once."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import time
+
+from scoperouter.proxy.logs import FIELDS, BatchingHandler, JsonFormatter, TextFormatter
+
+
+def record(level: int = logging.INFO, **fields: object) -> logging.LogRecord:
+    extra = {FIELDS: fields} if fields else None
+    return logging.getLogger("scoperouter.access").makeRecord(
+        "scoperouter.access", level, "", 0, "GET %s %s", ("/v2/images", 200), None, extra=extra
+    )
+
+
+def test_json_line_has_the_fields_and_one_line_only() -> None:
+    line = JsonFormatter({"router": "CloudOne", "pid": 7}).format(
+        record(request_id="req-1", path="/v2/images", status=200, note="two\nlines")
+    )
+    assert "\n" not in line
+    entry = json.loads(line)
+    assert entry["msg"] == "GET /v2/images 200" and entry["level"] == "INFO"
+    assert entry["logger"] == "scoperouter.access" and entry["router"] == "CloudOne"
+    assert entry["request_id"] == "req-1" and entry["note"] == "two\nlines"
+    assert entry["ts"].endswith("Z") and len(entry["ts"]) == len("2026-01-01T00:00:00.000Z")
+
+
+def test_exceptions_are_in_the_line() -> None:
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        import sys
+
+        rec = record(logging.ERROR)
+        rec.exc_info = sys.exc_info()
+    entry = json.loads(JsonFormatter().format(rec))
+    assert "ValueError: boom" in entry["exc"]
+
+
+def test_text_lines_show_the_fields() -> None:
+    line = TextFormatter().format(record(status=200, cloud="CloudTwo", reason=None))
+    assert "GET /v2/images 200" in line and "status=200 cloud=CloudTwo" in line
+    assert "reason" not in line
+
+
+def test_lines_are_written_in_batches_and_warnings_at_once() -> None:
+    stream = io.StringIO()
+    handler = BatchingHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    handler.handle(record())
+    handler.handle(record())
+    assert stream.getvalue() == ""  # not yet: batched
+    handler.handle(record(logging.WARNING))
+    assert stream.getvalue().count("\n") == 3  # a warning writes the batch, itself included
+    handler.handle(record())
+    deadline = time.monotonic() + 3
+    while stream.getvalue().count("\n") < 4:  # the flusher thread writes it within a second
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    handler.handle(record())
+    handler.flush()
+    assert stream.getvalue().count("\n") == 5
+
+
+def test_a_broken_stream_never_breaks_the_caller() -> None:
+    stream = io.StringIO()
+    handler = BatchingHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    stream.close()
+    handler.handle(record(logging.ERROR))  # no exception
+    handler.flush()

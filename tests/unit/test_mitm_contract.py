@@ -1,0 +1,392 @@
+"""The contract between scoperouter.proxy.mitm and mitmproxy's internals (no sockets).
+
+Each item of mitm.py's docstring has its test here: the internal it relies on is where it was
+(source checks that fail loudly on an upgrade) and the router's piece behaves as intended when
+driven the way mitmproxy drives it. End-to-end behaviour is in tests/integration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import json
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import mitmproxy
+import pytest
+from mitmproxy import flow as mflow
+from mitmproxy import master, options
+from mitmproxy.addons import proxyserver
+from mitmproxy.proxy import commands, events, mode_servers, server
+from mitmproxy.proxy import layers as proxy_layers
+from mitmproxy.proxy.context import Context
+from mitmproxy.proxy.layers import http as http_layers
+from mitmproxy.proxy.layers.http import _http1
+from mitmproxy.proxy.layers.http._base import ReceiveHttp
+from mitmproxy.proxy.layers.http._events import RequestHeaders
+from mitmproxy.test import tflow
+
+from scoperouter.catalog import Limits
+from scoperouter.proxy import mitm
+
+
+def test_written_for_this_mitmproxy() -> None:
+    assert mitmproxy.version.VERSION == mitm.MITMPROXY_VERSION
+
+
+@pytest.fixture
+def installed() -> Iterator[None]:
+    mitm.install()
+    try:
+        yield
+    finally:
+        mitm.uninstall()
+
+
+def _parse(raw: bytes) -> tuple[int, dict[str, str], dict[str, Any]]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), {k.lower(): v for k, v in headers.items()}, json.loads(body)
+
+
+# ----------------------------------------------------------------- 1. error pages
+
+
+def test_renderer_is_the_module_function_http1_calls(installed: None) -> None:
+    source = inspect.getsource(_http1.Http1Server.send)
+    assert "make_error_response(event.code, event.message)" in source
+    assert _http1.make_error_response is mitm.render_error
+
+
+def test_uninstall_restores_mitmproxy() -> None:
+    mitm.install()
+    mitm.uninstall()
+    assert _http1.make_error_response is not mitm.render_error
+    assert proxy_layers.http.Http1Server is _http1.Http1Server
+
+
+def test_error_hook_runs_before_the_error_response() -> None:
+    source = inspect.getsource(http_layers.HttpStream.handle_protocol_error)
+    hook = source.index("yield HttpErrorHook(self.flow)")
+    send = source.index("yield SendHttp(event, self.context.client)")
+    assert hook < send
+    # The hook task feeds HookCompleted back in the same task: the ContextVar hand-over.
+    hook_task = inspect.getsource(server.ConnectionHandler.hook_task)
+    assert "await self.handle_hook(hook)" in hook_task
+    assert "await self.server_event(events.HookCompleted(hook))" in hook_task
+
+
+def test_fallback_is_json_with_mitmproxys_status() -> None:
+    status, headers, body = _parse(mitm.render_error(400, "Bad HTTP request line"))
+    assert status == 400
+    assert headers["content-type"] == "application/json"
+    assert body == {
+        "error": {"code": 400, "title": "Bad Request", "message": "Bad HTTP request line"}
+    }
+
+
+def test_pending_error_applies_once_and_only_to_its_message() -> None:
+    def scenario() -> list[tuple[int, str]]:
+        flow = tflow.tflow()
+        flow.error = mflow.Error("Connection killed: boom")
+        mitm.set_error_response(flow, 504, "CloudTwo did not answer")
+        results = []
+        for message in ("something else", "Connection killed: boom", "Connection killed: boom"):
+            status, _, body = _parse(mitm.render_error(502, message))
+            results.append((status, body["error"]["message"]))
+        return results
+
+    assert contextvars.copy_context().run(scenario) == [
+        (502, "something else"),
+        (504, "CloudTwo did not answer"),
+        (502, "Connection killed: boom"),
+    ]
+    # Another context (another task) never sees it.
+    status, _, body = _parse(mitm.render_error(502, "Connection killed: boom"))
+    assert (status, body["error"]["message"]) == (502, "Connection killed: boom")
+
+
+def test_508_has_its_reason_phrase() -> None:
+    head = mitm.error_page(508, "loop").split(b"\r\n", 1)[0]
+    assert head == b"HTTP/1.1 508 Loop Detected"
+
+
+# ----------------------------------------------------------------- 2. the request head
+
+
+def test_http_layer_makes_its_http1_server_by_module_name(installed: None) -> None:
+    source = inspect.getsource(http_layers.HttpLayer._handle_event)
+    assert "http_conn = Http1Server(self.context.fork())" in source
+    assert proxy_layers.http.Http1Server is mitm.GuardedHttp1Server
+    # Wakeups a connection layer requests come back to it.
+    assert "isinstance(command, commands.RequestWakeup)" in inspect.getsource(
+        http_layers.HttpLayer.event_to_child
+    )
+
+
+def test_the_head_reading_the_guard_replaces_is_unchanged() -> None:
+    """GuardedHttp1Server.read_headers does what mitmproxy's does, after its checks."""
+    source = inspect.getsource(_http1.Http1Server.read_headers)
+    for step in (
+        "request_head = self.buf.maybe_extract_lines()",
+        "self.request = http1.read_request_head(",
+        "expected_body_size = http1.expected_http_body_size(self.request)",
+        "self.stream_id, self.request, expected_body_size == 0",
+        "self.body_reader = make_body_reader(expected_body_size)",
+        "self.state = self.read_body",
+        "yield from self.state(event)",
+    ):
+        assert step in source, step
+    handle = inspect.getsource(_http1.Http1Connection._handle_event)
+    assert "self.buf += event.data" in handle
+
+
+class Conn:
+    """A GuardedHttp1Server driven as mitmproxy drives it; commands are collected."""
+
+    def __init__(self, limits: Limits | None = None) -> None:
+        mitm.set_head_limits(limits or Limits())
+        self.refusals: list[mitm.Refusal] = []
+        mitm.set_refusal_handler(self.refusals.append)
+        client = tflow.tclient_conn()
+        self.layer = mitm.GuardedHttp1Server(Context(client, options.Options()))
+        self.commands = list(self.layer.handle_event(events.Start()))
+
+    def send(self, data: bytes) -> list[Any]:
+        got = list(self.layer.handle_event(events.DataReceived(self.layer.conn, data)))
+        self.commands += got
+        return got
+
+    def wake(self) -> list[Any]:
+        wakeups = [c for c in self.commands if isinstance(c, commands.RequestWakeup)]
+        got = list(self.layer.handle_event(events.Wakeup(wakeups[-1])))
+        self.commands += got
+        return got
+
+    def sent(self) -> bytes:
+        return b"".join(c.data for c in self.commands if isinstance(c, commands.SendData))
+
+    def heads(self) -> list[Any]:
+        return [
+            c.event.request
+            for c in self.commands
+            if isinstance(c, ReceiveHttp) and isinstance(c.event, RequestHeaders)
+        ]
+
+
+@pytest.fixture(autouse=False)
+def guard() -> Iterator[None]:
+    yield
+    mitm.set_head_limits(Limits())
+    mitm.set_refusal_handler(None)
+
+
+def test_a_good_request_passes_in_one_piece_or_many(guard: None) -> None:
+    conn = Conn()
+    conn.send(b"GET /v2/images HTTP/1.1\r\nHost: x\r\nX-Scope: {}\r\n\r\n")
+    assert [r.path for r in conn.heads()] == ["/v2/images"]
+    conn = Conn()
+    for byte in b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n":
+        conn.send(bytes([byte]))
+    assert [r.path for r in conn.heads()] == ["/a"]
+    assert not conn.sent() and not conn.refusals
+
+
+@pytest.mark.parametrize(
+    ("head", "status", "fragment"),
+    [
+        (b"GET / HTTP/1.1\r\n" + b"X-A: b\r\n" * 101 + b"\r\n", 431, "101 header fields"),
+        (b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n", 431, "larger than 65536"),
+        (b"GET /" + b"a" * 17000 + b" HTTP/1.1\r\n\r\n", 414, "request line is longer"),
+        (b"GET / HTTP/1.1\r\nX-A: b\x00c\r\n\r\n", 400, "control character"),
+        (b"GET / HTTP/1.1\r\nX-A: b\rc\r\n\r\n", 400, "control character"),
+        (b"GET / HTTP/1.1\r\nX-A: b\r\n  folded\r\n\r\n", 400, "obs-fold"),
+        (b"GET / HTTP/1.1\r\nBad Name: b\r\n\r\n", 400, "invalid header name"),
+        (
+            b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            400,
+            "malformed request",
+        ),
+        (b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n", 400, "content-length"),
+        (b"NOT A REQUEST\r\n\r\n", 400, "malformed request"),
+    ],
+)
+def test_bad_heads_are_the_clients_error(
+    guard: None, head: bytes, status: int, fragment: str
+) -> None:
+    conn = Conn()
+    conn.send(head)
+    assert not conn.heads()
+    got, headers, body = _parse(conn.sent())
+    assert got == status and headers["content-type"] == "application/json"
+    assert fragment in body["error"]["message"], body
+    assert "validate_inbound_headers" not in body["error"]["message"]
+    assert [r.status for r in conn.refusals] == [status]
+    # Half-closed, lingering: what the client still sends is dropped, not parsed or buffered.
+    assert any(isinstance(c, commands.CloseTcpConnection) for c in conn.commands)
+    assert not conn.send(b"GET / HTTP/1.1\r\n\r\n" * 1000)
+    assert len(conn.layer.buf) == 0
+
+
+def test_an_endless_head_is_refused_as_soon_as_it_is_too_large(guard: None) -> None:
+    conn = Conn(Limits(max_header_bytes=1000, max_request_line=500))
+    conn.send(b"GET / HTTP/1.1\r\n")
+    for _ in range(100):
+        conn.send(b"X-Header: " + b"v" * 90 + b"\r\n")
+        if conn.sent():
+            break
+    assert _parse(conn.sent())[0] == 431
+    assert len(conn.layer.buf) == 0
+
+
+def test_a_slow_head_times_out_with_408(guard: None) -> None:
+    conn = Conn(Limits(header_timeout=0.05))
+    conn.send(b"GET /slow HTTP/1.1\r\nHost:")
+    wakeups = [c for c in conn.commands if isinstance(c, commands.RequestWakeup)]
+    assert min(w.delay for w in wakeups) <= 0.05  # a timer shorter than the idle one is armed
+    import time
+
+    time.sleep(0.06)
+    conn.wake()
+    status, _, body = _parse(conn.sent())
+    assert status == 408 and "header_timeout" in body["error"]["message"]
+    assert (conn.refusals[0].method, conn.refusals[0].path) == ("GET", "/slow")
+
+
+def test_an_idle_connection_is_closed(guard: None) -> None:
+    conn = Conn(Limits(idle_timeout=0.01))
+    import time
+
+    time.sleep(0.02)
+    got = conn.wake()
+    assert any(isinstance(c, commands.CloseConnection) for c in got)
+    assert not conn.sent() and not conn.refusals  # closed quietly: no request, no answer
+
+
+def test_one_timer_at_a_time_per_connection(guard: None) -> None:
+    conn = Conn()
+    for _ in range(50):
+        conn.send(b"GET / HTTP/1.1\r\n")  # a head in progress, many packets
+    wakeups = [c for c in conn.commands if isinstance(c, commands.RequestWakeup)]
+    assert len(wakeups) == 2  # the idle timer from the start, and the header timer
+
+
+# ----------------------------------------------------------------- 3. upstreams
+
+
+def test_connect_cancellation_point() -> None:
+    source = inspect.getsource(server.ConnectionHandler.open_connection)
+    start = source.index("command.connection.timestamp_start = time.time()")
+    connect = source.index("await asyncio.open_connection(")
+    caught = source.index("except (OSError, asyncio.CancelledError) as e:")
+    setup = source.index("command.connection.timestamp_tcp_setup = time.time()")
+    hook = source.index("server_hooks.ServerConnectHook(hook_data)")
+    assert hook < start < connect < caught < setup
+
+
+def test_connection_table_and_transports() -> None:
+    assert "self.connections[connection_id] = handler" in inspect.getsource(
+        proxyserver.Proxyserver.register_connection
+    )
+    fields = set(inspect.signature(server.ConnectionIO).parameters)
+    assert {"handler", "reader", "writer"} <= fields
+    assert "transports" in server.ConnectionHandler.__annotations__
+
+
+# ----------------------------------------------------------------- 4. listening
+
+
+def test_listeners_are_made_by_listen(installed: None) -> None:
+    source = inspect.getsource(mode_servers.AsyncioServerInstance._start)
+    assert "self._servers = await self.listen(host, port)" in source
+    params = list(inspect.signature(mitm._original_listen).parameters)
+    assert params == ["self", "host", "port"]
+
+
+def test_registered_socket_is_served_and_outlives_the_server(installed: None) -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    host, port = sock.getsockname()
+    mitm.use_listen_sockets({(host, port): sock})
+
+    class Instance:
+        class mode:
+            transport_protocol = "tcp"
+
+        async def handle_stream(self, reader: Any, writer: Any) -> None:
+            writer.close()
+
+    async def scenario() -> None:
+        servers = await mitm._listen(Instance(), host, port)
+        assert servers[0].sockets[0].getsockname() == (host, port)
+        servers[0].close()
+
+    try:
+        asyncio.run(scenario())
+        assert sock.fileno() != -1  # still open: the server had a duplicate
+    finally:
+        mitm.use_listen_sockets({})
+        sock.close()
+
+
+# ----------------------------------------------------------------- 5 and 6
+
+
+def test_legacy_log_events_can_be_switched_off() -> None:
+    async def scenario() -> None:
+        m = master.Master(options.Options(), with_termlog=False)
+        assert hasattr(m._legacy_log_events, "uninstall")
+        mitm.quiet_master(m)
+
+    asyncio.run(scenario())
+
+
+def test_error_messages_the_router_recognises() -> None:
+    assert f'f"{mitm.CLIENT_GONE}."' in inspect.getsource(_http1.Http1Connection.wait)
+    assert mitm.CLIENT_PROTOCOL_ERROR in inspect.getsource(_http1.Http1Connection.read_body)
+
+
+def test_addon_manager_dispatch_the_fast_one_replaces() -> None:
+    from mitmproxy import addonmanager
+    from mitmproxy.proxy.layers.http import HttpRequestHeadersHook
+
+    assert "for i in self.chain:" in inspect.getsource(addonmanager.AddonManager.trigger_event)
+    assert "UpdateHook([message])" in inspect.getsource(addonmanager.AddonManager.handle_lifecycle)
+    assert callable(addonmanager.safecall) and callable(addonmanager.traverse)
+    calls: list[str] = []
+
+    class Broken:
+        def requestheaders(self, flow: Any) -> None:
+            calls.append("broken")
+            raise RuntimeError("an addon's bug")
+
+    class Later:
+        def requestheaders(self, flow: Any) -> Any:
+            async def later() -> None:
+                calls.append("later")
+
+            return later()
+
+        def update(self, flows: Any) -> None:
+            calls.append("update")
+
+    class Silent:
+        pass
+
+    async def scenario() -> None:
+        m = master.Master(options.Options(), with_termlog=False)
+        mitm.fast_hooks(m)
+        m.addons.add(Silent(), Broken())
+        flow = tflow.tflow()
+        await m.addons.handle_lifecycle(HttpRequestHeadersHook(flow))
+        assert calls == ["broken"]  # the bug is logged, not raised; no update hook, no call
+        m.addons.add(Later())  # the cache follows the addons
+        await m.addons.handle_lifecycle(HttpRequestHeadersHook(flow))
+        assert calls == ["broken", "broken", "later", "update"]
+
+    asyncio.run(scenario())
