@@ -1,13 +1,14 @@
-"""Outcomes of one run (pytest's JUnit XML) and the comparison of the three modes. Pure: no
-OpenStack, no network."""
+"""Outcomes of one run (pytest-reportlog's JSON lines) and the comparison of the three modes.
+Pure: no OpenStack, no network."""
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 
 class Status(StrEnum):
@@ -20,10 +21,6 @@ class Status(StrEnum):
         return self.value
 
 
-# when pytest reports one test twice (a failing call and an erroring teardown), the worst wins
-_RANK = {Status.PASSED: 0, Status.SKIPPED: 1, Status.FAILED: 2}
-
-
 @dataclass(frozen=True)
 class Outcome:
     status: Status
@@ -34,35 +31,66 @@ class Outcome:
 Results = dict[str, Outcome]  # test id (module.Class.test) -> outcome
 
 
-def test_id(classname: str, name: str) -> str:
-    return f"{classname}.{name}" if classname else name
+def test_id(nodeid: str) -> str:
+    """pytest's ``pkg/mod.py::Class::test`` -> ``pkg.mod.Class.test``."""
+    path, _, rest = nodeid.partition("::")
+    dotted = path.removesuffix(".py").replace("/", ".")
+    return ".".join([dotted, *rest.split("::")]) if rest else dotted
 
 
-def parse_junit(path: Path) -> Results:
-    """``pytest --junitxml`` output -> outcome per test id (``module.Class.test``)."""
-    root = ET.parse(path).getroot()
-    out: Results = {}
-    for case in root.iter("testcase"):
-        tid = test_id(case.get("classname", ""), case.get("name", ""))
-        status, message = Status.PASSED, ""
-        for child in case:
-            kind = {"failure": Status.FAILED, "error": Status.FAILED, "skipped": Status.SKIPPED}
-            if child.tag in kind:
-                status = kind[child.tag]
-                # pytest shortens a multi-line message to its first line ("[+N more lines;
-                # full report in element text]"): the element's text has the traceback
-                text = child.text or ""
-                message = _first_line(text if "Traceback" in text else child.get("message", ""))
-                break
-        seconds = float(case.get("time") or 0.0)
-        previous = out.get(tid)
-        if previous is not None:
-            seconds += previous.seconds
-            if _RANK[previous.status] >= _RANK[status]:
-                out[tid] = Outcome(previous.status, previous.message, seconds)
+def parse_report_log(path: Path) -> Results:
+    """pytest-reportlog's JSON lines (``--report-log``) -> outcome per test id.
+
+    The log is written phase by phase (setup, call, teardown), so a run that was stopped still
+    tells what it did; a test that started and never finished counts as failed. A module that
+    failed to import counts as one failed "test" under its own name."""
+    phases: dict[str, dict[str, tuple[Status, str, float]]] = {}
+    with open(path, encoding="utf-8") as lines:
+        for line in lines:
+            try:
+                report = json.loads(line)
+            except ValueError:  # the last line of a killed run may be cut short
                 continue
-        out[tid] = Outcome(status, message, seconds)
-    return out
+            kind, outcome = report.get("$report_type"), report.get("outcome")
+            if kind == "CollectReport" and outcome == "failed":
+                when = "collect"
+            elif kind == "TestReport" and outcome in _OUTCOMES:
+                when = report.get("when", "call")
+            else:
+                continue
+            status = _OUTCOMES[outcome]
+            message = "" if status is Status.PASSED else _message(report.get("longrepr"))
+            seconds = float(report.get("duration") or 0.0)
+            phases.setdefault(test_id(report["nodeid"]), {})[when] = (status, message, seconds)
+    return {tid: _outcome(p) for tid, p in phases.items()}
+
+
+_OUTCOMES = {"passed": Status.PASSED, "failed": Status.FAILED, "skipped": Status.SKIPPED}
+
+
+def _outcome(phases: Mapping[str, tuple[Status, str, float]]) -> Outcome:
+    seconds = sum(s for _, _, s in phases.values())
+    for when in ("collect", "setup", "call", "teardown"):
+        status, message, _ = phases.get(when, (Status.PASSED, "", 0.0))
+        if status is Status.FAILED:
+            return Outcome(Status.FAILED, f"{message} ({when})" if when != "call" else message,
+                           seconds)  # fmt: skip
+    for status, message, _ in phases.values():
+        if status is Status.SKIPPED:
+            return Outcome(Status.SKIPPED, message, seconds)
+    if "call" not in phases:
+        return Outcome(Status.FAILED, "did not finish (the run was stopped)", seconds)
+    return Outcome(Status.PASSED, "", seconds)
+
+
+def _message(longrepr: Any) -> str:
+    """What pytest-reportlog serialised of a failure or skip -> one line."""
+    if isinstance(longrepr, list | tuple) and len(longrepr) == 3:  # a skip: path, line, reason
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    if isinstance(longrepr, dict):
+        crash = longrepr.get("reprcrash") or {}
+        return _first_line(str(crash.get("message", "")))
+    return _first_line(str(longrepr or ""))
 
 
 def _first_line(text: str) -> str:

@@ -26,7 +26,7 @@ from tests.peer.results import (
     Results,
     Status,
     compare,
-    parse_junit,
+    parse_report_log,
     summarize,
 )
 from tests.peer.selection import NOT_RUN, OSC, SDK, SELECTIONS, Group
@@ -51,7 +51,14 @@ extra (pip install -e '.[peer]').
 SDK_IMAGE = "cirros-0.6.3-x86_64-disk"
 SCOPE = {"image": "CloudTwo"}
 TEST_TIMEOUT = 300  # seconds, any one test (pytest-timeout)
-PEER_MODULES = ("pytest_timeout", "tempest", "testtools", "fixtures", "oslotest")
+PEER_MODULES = (
+    "pytest_timeout",
+    "pytest_reportlog",
+    "tempest",
+    "testtools",
+    "fixtures",
+    "oslotest",
+)
 
 
 def site_root() -> Path:
@@ -205,7 +212,7 @@ def run_pytest(
     # pytest-timeout: no test can hang a run (openstacksdk's own timeout is not always heard)
     deselect = [arg for nid in NOT_RUN for arg in ("--deselect", nid)]  # as pytest ids them
     argv = [sys.executable, "-m", "pytest", "-c", str(d / "pytest.ini"), "--rootdir", str(root)]
-    argv += ["-p", "no:cacheprovider", "-q", "-rN", "--junitxml", str(report)]
+    argv += ["-p", "no:cacheprovider", "-q", "-rN", "--report-log", str(report)]
     argv += ["--timeout", str(TEST_TIMEOUT), *deselect, *ids]
     log = report.with_suffix(".log")
     with open(log, "w", buffering=1) as logf:
@@ -320,11 +327,11 @@ def run_modes(
                   f"what the mode says); {len(ids)} selections, in {d}\n")  # fmt: skip
         out.flush()
         t = time.monotonic()
-        report = d / "results.xml"
+        report = d / "results.jsonl"
         args = [f"{root}/{i}" for i in ids] + (["-k", keyword] if keyword else [])
         codes[mode] = run_pytest(d, args, root, report, out, timeout)
         took[mode] = time.monotonic() - t
-        by_mode[mode] = parse_junit(report) if report.is_file() else {}
+        by_mode[mode] = parse_report_log(report) if report.is_file() else {}
         s = summarize(by_mode[mode])
         out.write(
             f"({LETTER[mode]}) {mode}: ran {s.run} tests (passed {s.passed}, failed "
@@ -359,9 +366,9 @@ def rerun(
             continue
         d = workdir / mode
         out.write(f"({LETTER[mode]}) {mode}: re-running {len(ids)} test(s) that passed in (a)\n")
-        report = d / "rerun.xml"
+        report = d / "rerun.jsonl"
         run_pytest(d, ids, root, report, out, timeout)
-        again = parse_junit(report) if report.is_file() else {}
+        again = parse_report_log(report) if report.is_file() else {}
         for tid in tids:
             if tid in again:
                 if again[tid].status is Status.PASSED:
@@ -500,16 +507,16 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     if unknown or not modes:
         out.write(f"unknown mode(s) {', '.join(unknown)}; modes: {', '.join(MODES)}\n")
         return 2
-    missing = [m for m in PEER_MODULES if importlib.util.find_spec(m) is None]
-    if missing:
-        out.write(f"missing {', '.join(missing)}: install the peer extra, "
-                  "pip install -e '.[peer]'\n")  # fmt: skip
-        return 2
     root = site_root()
     ids = node_ids(SELECTIONS[args.selection], root)
     if args.list:
         out.write("\n".join(ids) + "\n")
         return 0
+    missing = [m for m in PEER_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        out.write(f"missing {', '.join(missing)}: install the peer extra, "
+                  "pip install -e '.[peer]'\n")  # fmt: skip
+        return 2
 
     lab = Lab(Path(args.lab_dir).expanduser() if args.lab_dir else default_dir())
     if args.cleanup_only:

@@ -5,7 +5,7 @@ the default run."""
 from __future__ import annotations
 
 import io
-import xml.etree.ElementTree as ET
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +14,8 @@ import yaml
 
 from tests.peer import cleanup
 from tests.peer.clouds import ConfigMissing, suite_clouds
-from tests.peer.results import Outcome, Status, compare, parse_junit, summarize
-from tests.peer.runner import node_id_of, node_ids, site_root, verdict
+from tests.peer.results import Outcome, Status, compare, parse_report_log, summarize
+from tests.peer.runner import main, node_id_of, node_ids, site_root, verdict
 from tests.peer.selection import NOT_RUN, SELECTIONS
 
 TRACEBACK = """NOTE: Incompatible Exception Representation, displaying natively:
@@ -27,44 +27,68 @@ testtools.testresult.real._StringException: Traceback (most recent call last):
 openstack.exceptions.HttpException: 500: Server Error"""
 
 
-def _junit(path: Path) -> None:
-    """A report as pytest --junitxml writes one (testtools failures, a skip, a teardown error)."""
-    suite = ET.Element("testsuite", name="pytest")
-    sdk, osc = "openstack.tests.functional.x.TestA", "openstackclient.tests.functional.y.TestB"
+def _report_log(path: Path) -> None:
+    """What pytest --report-log writes (pytest-reportlog): a passing test, a testtools failure,
+    a skip, a teardown error after a passing call, a module that does not import, and a test
+    that started when the run was stopped (no call, no teardown, a cut last line)."""
+    sdk, osc = "openstack/tests/functional/x.py::TestA", "openstackclient/tests/functional/y.py"
+    crash = {"reprcrash": {"path": "x", "lineno": 1, "message": "Failed: " + TRACEBACK}}
+    teardown = {"reprcrash": {"message": "tempest.lib.exceptions.CommandFailed: exit 1"}}
+    skipped = ["x.py", 3, "Skipped: block-storage service not supported by cloud"]
 
-    def case(cls: str, name: str, seconds: str, child: str = "", message: str = "") -> None:
-        tc = ET.SubElement(suite, "testcase", classname=cls, name=name, time=seconds)
-        if child:
-            ET.SubElement(tc, child, message=message).text = "details"
+    def rep(nodeid: str, when: str, outcome: str, longrepr: Any = None) -> dict[str, Any]:
+        return {"$report_type": "TestReport", "nodeid": nodeid, "when": when,
+                "outcome": outcome, "longrepr": longrepr, "duration": 0.5}  # fmt: skip
 
-    case(sdk, "test_ok", "0.5")
-    case(sdk, "test_bad", "1.0", "failure", "Failed: " + TRACEBACK)
-    case(sdk, "test_skip", "0", "skipped", "block-storage service not supported by cloud")
-    case(osc, "test_teardown", "2")
-    case(osc, "test_teardown", "1", "error", "tempest.lib.exceptions.CommandFailed: exit 1")
-    root = ET.Element("testsuites")
-    root.append(suite)
-    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+    reports = [
+        {"$report_type": "SessionStart", "pytest_version": "8"},
+        rep(f"{sdk}::test_ok", "setup", "passed"),
+        rep(f"{sdk}::test_ok", "call", "passed"),
+        rep(f"{sdk}::test_ok", "teardown", "passed"),
+        rep(f"{sdk}::test_bad", "setup", "passed"),
+        rep(f"{sdk}::test_bad", "call", "failed", crash),
+        rep(f"{sdk}::test_bad", "teardown", "passed"),
+        rep(f"{sdk}::test_skip", "setup", "skipped", skipped),
+        rep(f"{osc}::TestB::test_teardown", "setup", "passed"),
+        rep(f"{osc}::TestB::test_teardown", "call", "passed"),
+        rep(f"{osc}::TestB::test_teardown", "teardown", "failed", teardown),
+        {
+            "$report_type": "CollectReport",
+            "nodeid": "openstackclient/tests/functional/z.py",
+            "outcome": "failed",
+            "longrepr": "ImportError: No module named 'tempest'",
+        },
+        rep(f"{sdk}::test_stopped", "setup", "passed"),
+    ]
+    text = "".join(json.dumps(r) + "\n" for r in reports) + '{"$report_type": "TestRe'
+    path.write_text(text)
 
 
-def test_parse_junit(tmp_path: Path) -> None:
-    path = tmp_path / "r.xml"
-    _junit(path)
-    res = parse_junit(path)
-    assert res["openstack.tests.functional.x.TestA.test_ok"] == Outcome(Status.PASSED, "", 0.5)
-    bad = res["openstack.tests.functional.x.TestA.test_bad"]
+def test_parse_report_log(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    _report_log(path)
+    res = parse_report_log(path)
+    sdk = "openstack.tests.functional.x.TestA"
+    assert res[f"{sdk}.test_ok"] == Outcome(Status.PASSED, "", 1.5)
+    bad = res[f"{sdk}.test_bad"]
     assert bad.status is Status.FAILED
     assert bad.message == "openstack.exceptions.HttpException: 500: Server Error"
-    skip = res["openstack.tests.functional.x.TestA.test_skip"]
+    skip = res[f"{sdk}.test_skip"]
     assert (skip.status, skip.message) == (
         Status.SKIPPED,
         "block-storage service not supported by cloud",
     )
-    # a passing call reported again with an erroring teardown: the worst wins, times add up
     td = res["openstackclient.tests.functional.y.TestB.test_teardown"]
-    assert (td.status, td.seconds) == (Status.FAILED, 3.0)
+    assert (td.status, td.message) == (
+        Status.FAILED,
+        "tempest.lib.exceptions.CommandFailed: exit 1 (teardown)",
+    )
+    broken = res["openstackclient.tests.functional.z"]
+    assert broken.status is Status.FAILED and "tempest" in broken.message
+    stopped = res[f"{sdk}.test_stopped"]
+    assert stopped == Outcome(Status.FAILED, "did not finish (the run was stopped)", 0.5)
     s = summarize(res)
-    assert (s.passed, s.failed, s.skipped, s.run) == (1, 2, 1, 3)
+    assert (s.passed, s.failed, s.skipped, s.run) == (1, 4, 1, 5)
 
 
 def _o(status: Status) -> Outcome:
@@ -242,3 +266,17 @@ def test_every_selection_names_installed_tests() -> None:
         "openstack/tests/functional/cloud/test_compute.py::TestCompute::test_list_all_servers"
     )
     assert node_id_of("no.such.module.Test.test", root) is None
+
+
+def test_cli_lists_the_selection_and_refuses_unknown_modes() -> None:
+    out = io.StringIO()
+    assert main(["--list", "--selection", "ci"], out=out) == 0
+    listed = out.getvalue().split()
+    assert "openstack/tests/functional/identity" in listed
+    assert any(i.startswith("openstackclient/tests/functional/") for i in listed)
+    out = io.StringIO()
+    assert main(["--modes", "direct,sideways"], out=out) == 2
+    assert "unknown mode(s) sideways" in out.getvalue()
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"], out=io.StringIO())
+    assert exc.value.code == 0
