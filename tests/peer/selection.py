@@ -49,6 +49,36 @@ _OSC_FULL = (
     Group(OSC, "openstackclient.tests.functional.common"),
 )
 
+_SDK_CI = (
+    Group(SDK, "openstack.tests.functional.identity"),
+    Group(SDK, "openstack.tests.functional.image"),
+    Group(SDK, "openstack.tests.functional.compute"),
+    Group(SDK, "openstack.tests.functional.placement"),
+    Group(SDK, "openstack.tests.functional.cloud.test_identity"),
+    Group(SDK, "openstack.tests.functional.cloud.test_image"),
+    # the cloud layer's server life cycle once each way, and everything around servers
+    Group(
+        SDK,
+        "openstack.tests.functional.cloud.test_compute",
+        (
+            "TestCompute::test_create_and_delete_server",
+            "TestCompute::test_list_all_servers",
+            "TestCompute::test_get_server_console",
+            "TestCompute::test_set_and_delete_metadata",
+            "TestCompute::test_update_server",
+            "TestCompute::test_get_image_id",
+            "TestCompute::test_list_availability_zone_names",
+            "TestAggregate",
+            "TestFlavor",
+            "TestKeypairs",
+            "TestServerGroup",
+            "TestComputeLimits",
+            "TestComputeQuotas",
+            "TestRangeSearch",
+        ),
+    ),
+)
+
 _OSC_CI = (
     Group(OSC, "openstackclient.tests.functional.identity.v3.test_token"),
     Group(OSC, "openstackclient.tests.functional.identity.v3.test_catalog"),
@@ -88,6 +118,6 @@ NOT_RUN: dict[str, str] = {
 }
 
 SELECTIONS: dict[str, tuple[Group, ...]] = {
-    "ci": _SDK_FULL + _OSC_CI,
+    "ci": _SDK_CI + _OSC_CI,
     "full": _SDK_FULL + _OSC_FULL,
 }
