@@ -34,7 +34,7 @@ import yaml
 from bench.load import LoadResult, LoadTool, _result, ensure_wrk, parse_benchjson, python_tool
 from scoperouter.broker import migrate
 from scoperouter.broker.secrets import generate_key
-from scoperouter.broker.services.project import stable_id
+from scoperouter.broker.services.base import stable_id
 from scoperouter.broker.store import (
     IN_PROGRESS,
     PROVISIONING,
