@@ -285,6 +285,15 @@ def _maintenance_conflict(ref: PlanRef, given: models.MaintenanceInfo | None) ->
         )
 
 
+def _required_query(service_id: str | None, plan_id: str | None) -> tuple[str, str]:
+    """The service_id and plan_id query parameters a DELETE must carry (OSB), or 400."""
+    if not service_id:
+        raise bad_request("service_id: query parameter required")
+    if not plan_id:
+        raise bad_request("plan_id: query parameter required")
+    return service_id, plan_id
+
+
 def _metadata(instance: Instance) -> models.InstanceMetadata:
     attributes: dict[str, Any] = {"cloud": instance.cloud, **(instance.resources or {})}
     labels = {"cloud": instance.cloud} if instance.cloud else None
@@ -372,6 +381,26 @@ class BrokerAPI:
             if not is_duplicate(exc):
                 raise
             return action()
+
+    def _active(self, session: Session, instance: Instance) -> Operation | None:
+        """The operation that may change `instance` now (None: it is free)."""
+        if not instance.active_operation_id:
+            return None
+        return self.store.operation(session, instance.active_operation_id)
+
+    def _take_over(
+        self, session: Session, instance: Instance, active: Operation | None, op: Operation
+    ) -> None:
+        """Make the DELETE's `op` the instance's active operation: when `active` (a provision
+        or bind) still runs, ask it to stop and replace it (orphan mitigation: `op` removes
+        what it built); else claim the free instance. 422 when a concurrent request won."""
+        if active is not None:
+            self.store.request_cancel(session, active.id)
+            won = self.store.replace_active(session, instance, active.id, op.id)
+        else:
+            won = self.store.claim_instance(session, instance, op.id)
+        if not won:
+            raise concurrency(f"instance {instance.id} has an operation in progress")
 
     # ------------------------------------------------------------------------- catalog
 
@@ -522,11 +551,7 @@ class BrokerAPI:
                     "maintenance_info": maintenance,
                 }
             )
-            active = (
-                self.store.operation(session, instance.active_operation_id)
-                if instance.active_operation_id
-                else None
-            )
+            active = self._active(session, instance)
             if active is not None:
                 if active.kind == "update" and active.request_hash == digest:
                     if not accepts_incomplete:
@@ -578,10 +603,7 @@ class BrokerAPI:
         facts: RequestFacts,
     ) -> Any:
         check_id("instance_id", instance_id)
-        if not service_id:
-            raise bad_request("service_id: query parameter required")
-        if not plan_id:
-            raise bad_request("plan_id: query parameter required")
+        service_id, plan_id = _required_query(service_id, plan_id)
         with self.store.write() as session:
             instance = self.store.instance(session, instance_id)
             if instance is None or instance.state == GONE:
@@ -591,11 +613,7 @@ class BrokerAPI:
                     f"service_id: instance {instance_id} is not of service {service_id}"
                 )
             ref = self._plan(service_id, plan_id)
-            active = (
-                self.store.operation(session, instance.active_operation_id)
-                if instance.active_operation_id
-                else None
-            )
+            active = self._active(session, instance)
             if active is not None and active.kind == "deprovision":
                 if not accepts_incomplete:
                     raise async_required(f"deprovisioning {instance_id}")
@@ -608,13 +626,7 @@ class BrokerAPI:
                 raise async_required(f"deprovisioning {ref.entry.name}")
             op = self._new_op("deprovision", instance_id, ref, facts)
             self.store.add(session, op)
-            if active is not None:  # DELETE during provisioning: stop it, then clean up
-                self.store.request_cancel(session, active.id)
-                won = self.store.replace_active(session, instance, active.id, op.id)
-            else:
-                won = self.store.claim_instance(session, instance, op.id)
-            if not won:
-                raise concurrency(f"instance {instance_id} has an operation in progress")
+            self._take_over(session, instance, active, op)
             instance.state = DEPROVISIONING
             log.info("deprovision %s: %s", instance_id, op.id)
             response = _json(202, models.AsyncResponse(operation=op.id).body())
@@ -871,10 +883,7 @@ class BrokerAPI:
     ) -> Any:
         check_id("instance_id", instance_id)
         check_id("binding_id", binding_id)
-        if not service_id:
-            raise bad_request("service_id: query parameter required")
-        if not plan_id:
-            raise bad_request("plan_id: query parameter required")
+        service_id, plan_id = _required_query(service_id, plan_id)
         with self.store.write() as session:
             binding = self.store.binding(session, binding_id)
             instance = self.store.instance(session, instance_id)
@@ -891,11 +900,7 @@ class BrokerAPI:
                 )
             ref = self._plan(service_id, plan_id)
             sync_seconds = ref.config.synchronous_seconds
-            active = (
-                self.store.operation(session, instance.active_operation_id)
-                if instance.active_operation_id
-                else None
-            )
+            active = self._active(session, instance)
             if active is not None and active.binding_id == binding_id and active.kind == "unbind":
                 if not accepts_incomplete:
                     raise concurrency(f"binding {binding_id} is being deleted")
@@ -918,13 +923,7 @@ class BrokerAPI:
                 lease_owner=None if accepts_incomplete else self.owner,
             )
             self.store.add(session, op)
-            if active is not None:  # DELETE during binding: stop it, then clean up
-                self.store.request_cancel(session, active.id)
-                won = self.store.replace_active(session, instance, active.id, op.id)
-            else:
-                won = self.store.claim_instance(session, instance, op.id)
-            if not won:
-                raise concurrency(f"instance {instance_id} has an operation in progress")
+            self._take_over(session, instance, active, op)
             binding.state = UNBINDING
             operation_id = op.id
             log.info("unbind %s of %s: %s", binding_id, instance_id, op.id)
