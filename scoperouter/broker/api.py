@@ -67,6 +67,11 @@ from scoperouter.broker.store import (
 )
 from scoperouter.broker.worker import Runner, Worker, owner_id
 
+# the ASGI callables' parameters
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
 log = logging.getLogger("scoperouter.broker.api")
 access_log = logging.getLogger("scoperouter.broker.access")
 
@@ -143,9 +148,9 @@ class Answer:
 
     async def __call__(
         self,
-        scope: MutableMapping[str, Any],
-        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
-        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+        scope: Scope,
+        receive: Receive,
+        send: Send,
     ) -> None:
         await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
         await send({"type": "http.response.body", "body": self.body})
@@ -183,9 +188,9 @@ class BrokerMiddleware:
 
     async def __call__(
         self,
-        scope: MutableMapping[str, Any],
-        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
-        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+        scope: Scope,
+        receive: Receive,
+        send: Send,
     ) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)

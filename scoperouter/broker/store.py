@@ -213,6 +213,14 @@ class _Prepared(NamedTuple):
 # ------------------------------------------------------------------------------- engine
 
 
+def _one_row(connection: Any, sql: str, args: Any) -> Any:
+    cursor = connection.cursor()
+    cursor.execute(sql, args)
+    row = cursor.fetchone()
+    cursor.close()
+    return row
+
+
 def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
@@ -370,22 +378,14 @@ class Store:
         if not self.sqlite:
             raw = self._poll_engine.raw_connection()
             try:
-                cursor = raw.cursor()
-                cursor.execute(sql, args)
-                row = cursor.fetchone()
-                cursor.close()
-                return row
+                return _one_row(raw, sql, args)
             finally:
                 raw.close()
         kept: Any = getattr(self._poll_local, "connection", None)
         if kept is None:
             kept = self._poll_local.connection = self._poll_engine.raw_connection()
         try:
-            cursor = kept.cursor()
-            cursor.execute(sql, args)
-            row = cursor.fetchone()
-            cursor.close()
-            return row
+            return _one_row(kept, sql, args)
         except Exception:
             self._poll_local.connection = None  # a fresh one next time
             kept.invalidate()
