@@ -294,6 +294,10 @@ def _serve_process(
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=10,
+            # nothing here reads the client address, and no "server: uvicorn" on answers:
+            # both cost per request on the polling routes
+            proxy_headers=False,
+            server_header=False,
         )
     )
     try:

@@ -202,6 +202,7 @@ class FederationClouds:
         conn = self.connect(cloud)
         total: dict[str, float] = {}
         free: dict[str, float] = {}
+        largest: dict[str, float] = {}
         providers = _json(conn.placement.get("/resource_providers", microversion=PLACEMENT_VERSION))
         for provider in providers.get("resource_providers", []):
             uuid = provider["uuid"]
@@ -220,9 +221,14 @@ class FederationClouds:
                     "allocation_ratio", 1.0
                 )
                 total[resource_class] = total.get(resource_class, 0.0) + capacity
-                left = capacity - usages.get(resource_class, 0)
-                free[resource_class] = free.get(resource_class, 0.0) + max(left, 0.0)
-        return Capacity(cloud=cloud, total=total, free=free, read_at=datetime.now(UTC))
+                left = max(capacity - usages.get(resource_class, 0), 0.0)
+                free[resource_class] = free.get(resource_class, 0.0) + left
+                # placement refuses one allocation above max_unit (default: the total)
+                one = min(float(inv.get("max_unit", capacity)), left)
+                largest[resource_class] = max(largest.get(resource_class, 0.0), one)
+        return Capacity(
+            cloud=cloud, total=total, free=free, largest=largest, read_at=datetime.now(UTC)
+        )
 
 
 def _json(response: Any) -> Mapping[str, Any]:

@@ -125,7 +125,7 @@ def issue(
     expires_at, renew_before = policy.times(datetime.now(UTC))
     attrs: dict[str, Any] = {
         "name": name,
-        "description": f"OSB binding {op.binding.id} of instance {op.instance.id}",
+        "description": f"OSB binding {op.binding.id}{_of_instance(op.instance.id)}",
         "roles": [{"name": role} for role in policy.roles],
         "unrestricted": False,
     }
@@ -194,6 +194,39 @@ def revoke(op: OperationContext) -> Done:
         if removed
         else "no application credential was left"
     )
+
+
+def _of_instance(instance_id: str) -> str:
+    """The end of a binding credential's description that names its instance: keystone keeps
+    a credential's description as created (application credentials are immutable), so it tells
+    which instance a credential was made for when several share one project."""
+    return f" of instance {instance_id}"
+
+
+def revoke_instance(op: OperationContext) -> int:
+    """Delete the credentials of the instance's bindings that the platform did not unbind
+    before deprovisioning (OSB allows it), in the instance's cloud and project. The project may
+    be a platform space's, shared with other instances, so only the credentials issued for
+    this instance (:func:`issue` names it in the description) go. Returns how many."""
+    cloud = op.instance.cloud
+    project_id = op.instance.resources.get("project_id")
+    if not cloud or not project_id:
+        return 0
+    conn = op.clouds.connect(cloud)
+    user_id = str(conn.current_user_id)
+    suffix = _of_instance(op.instance.id)
+    removed = 0
+    for credential in keystone(conn).application_credentials(user=user_id):
+        if (
+            credential.name.startswith(APP_CREDENTIAL_PREFIX)
+            and credential.project_id == project_id
+            and (credential.description or "").endswith(suffix)
+        ):
+            keystone(conn).delete_application_credential(
+                user_id, credential.id, ignore_missing=True
+            )
+            removed += 1
+    return removed
 
 
 def revoke_all(conn: Any, project_id: str) -> int:

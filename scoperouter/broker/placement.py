@@ -21,10 +21,12 @@ Strategies (the ``where`` parameter of ``openstack-server``, parsed by :func:`pa
 Whatever the strategy, a cloud whose capacity could not be read, which lacks what the instance
 needs (the flavor), or whose free capacity is smaller than the demand is not a candidate; the
 reason is kept (:attr:`Ranking.excluded`) so the operation's description can say why the
-instance did not go there. Free capacity is a sum over a cloud's resource providers, so it is a
-necessary condition, not a sufficient one: nova may still find no single host that fits, which
-is a refusal the service handles by trying the next candidate. Remaining ties are broken by the
-order of the clouds in the broker config, so a ranking is deterministic.
+instance did not go there. Free capacity is a sum over a cloud's resource providers, checked
+with what one allocation can take from a single provider (its inventory's ``max_unit``, capped
+by that provider's free amount: :attr:`Capacity.largest`), class by class. So it is a necessary
+condition, not a sufficient one: nova may still find no single host with every class at once,
+which is a refusal the service handles by trying the next candidate. Remaining ties are broken
+by the order of the clouds in the broker config, so a ranking is deterministic.
 """
 
 from __future__ import annotations
@@ -258,6 +260,13 @@ def too_small(capacity: Capacity, demand: Demand) -> str | None:
         free = capacity.free.get(rc, 0.0)
         if free < amount:
             return f"too small: {_num(free)} {rc} free, {_num(amount)} needed"
+        if capacity.largest is not None:
+            one = capacity.largest.get(rc, 0.0)
+            if one < amount:
+                return (
+                    f"no host can take {_num(amount)} {rc}: at most {_num(one)} in one "
+                    "allocation (placement max_unit and free per host)"
+                )
     return None
 
 

@@ -26,6 +26,7 @@ import functools
 import hashlib
 import json
 import secrets
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
@@ -52,6 +53,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, aliased, mapped_column, sessionmaker
+from sqlalchemy.pool import SingletonThreadPool
 
 from scoperouter.broker.services.base import LeaseLost
 
@@ -205,9 +207,18 @@ class _Prepared(NamedTuple):
     compiled: Any
     positions: list[str]
     processors: list[Any]
+    defaults: dict[str, Any] | None
 
 
 # ------------------------------------------------------------------------------- engine
+
+
+def _one_row(connection: Any, sql: str, args: Any) -> Any:
+    cursor = connection.cursor()
+    cursor.execute(sql, args)
+    row = cursor.fetchone()
+    cursor.close()
+    return row
 
 
 def is_sqlite(url: str) -> bool:
@@ -220,7 +231,14 @@ def make_engine(url: str, *, immediate: bool | None = False, pool_size: int = 10
     up front), False ``BEGIN``, None no BEGIN at all (autocommit: each statement reads its own
     consistent snapshot, the cheapest for the polling path's one-statement reads)."""
     if is_sqlite(url):
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        options: dict[str, Any] = {}
+        if immediate is None:
+            # Autocommit reads hold no transaction, so a connection can stay with its thread
+            # (no pool queue per checkout) and needs no ROLLBACK when it is given back.
+            options = {"poolclass": SingletonThreadPool, "pool_reset_on_return": None}
+        engine = create_engine(
+            url, connect_args={"timeout": 30, "check_same_thread": False}, **options
+        )
 
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -254,6 +272,7 @@ class Store:
         self._read_engine = make_engine(url) if self.sqlite else self.engine
         # the polling path's one-statement reads (status): no transaction at all on SQLite
         self._poll_engine = make_engine(url, immediate=None) if self.sqlite else self.engine
+        self._poll_local = threading.local()
         self._write = sessionmaker(self.engine, expire_on_commit=False)
         self._read = sessionmaker(self._read_engine, expire_on_commit=False)
 
@@ -338,22 +357,39 @@ class Store:
             params["operation_id"] = operation_id
         if binding_id is not None:
             params["binding_id"] = binding_id
-        bound = prepared.compiled.construct_params(params)
+        if prepared.defaults is not None:  # no bind processors: the constants, then ours
+            bound = {**prepared.defaults, **params}
+        else:
+            bound = prepared.compiled.construct_params(params)
         args: Any = [bound[name] for name in prepared.positions] if prepared.positions else bound
-        raw = self._poll_engine.raw_connection()
-        try:
-            cursor = raw.cursor()
-            cursor.execute(prepared.sql, args)
-            row = cursor.fetchone()
-            cursor.close()
-        finally:
-            raw.close()
+        row = self._fetch_one(prepared.sql, args)
         if row is None:
             return None
         values = [
             p(v) if p is not None else v for p, v in zip(prepared.processors, row, strict=True)
         ]
         return Status(*values)
+
+    def _fetch_one(self, sql: str, args: Any) -> Any:
+        """One row of a polling read. SQLite: on this thread's own connection, kept (it is in
+        autocommit: no transaction, no snapshot held between statements). PostgreSQL: a pooled
+        connection for the statement, given back at once (an idle one would sit in a
+        transaction)."""
+        if not self.sqlite:
+            raw = self._poll_engine.raw_connection()
+            try:
+                return _one_row(raw, sql, args)
+            finally:
+                raw.close()
+        kept: Any = getattr(self._poll_local, "connection", None)
+        if kept is None:
+            kept = self._poll_local.connection = self._poll_engine.raw_connection()
+        try:
+            return _one_row(kept, sql, args)
+        except Exception:
+            self._poll_local.connection = None  # a fresh one next time
+            kept.invalidate()
+            raise
 
     @functools.cache  # noqa: B019 - one Store per process; the cache lives as long
     def _prepared(self, by_operation: bool, of_binding: bool) -> _Prepared:
@@ -364,7 +400,18 @@ class Store:
             column.type._cached_result_processor(dialect, None) for column in query.selected_columns
         ]
         positions = list(compiled.positiontup) if compiled.positiontup else []
-        return _Prepared(str(compiled), compiled, positions, processors)
+        # the statement's constants (the LIMIT) once; per call only the ids are filled in,
+        # unless a parameter type converts values (then SQLAlchemy does it every time)
+        defaults = (
+            None
+            if compiled._bind_processors
+            else {
+                name: bind.effective_value
+                for name, bind in compiled.binds.items()
+                if not bind.required
+            }
+        )
+        return _Prepared(str(compiled), compiled, positions, processors, defaults)
 
     @staticmethod
     def operations(session: Session, instance_id: str) -> Sequence[Operation]:

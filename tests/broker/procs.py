@@ -61,7 +61,9 @@ class BrokerProcess:
         self.url = f"http://{self.listen}"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 30) -> BrokerProcess:
+    def start(self, timeout: float = 120) -> BrokerProcess:
+        """Start and wait for the catalog. The bound is generous: how fast Python imports on
+        a machine shared with the lab is not what these tests check."""
         env = {
             **os.environ,
             "SCOPEROUTER_BROKER_PASSWORD": PASSWORD,

@@ -446,3 +446,42 @@ def test_delete_during_provisioning_stops_it_and_cleans_up(harness: Harness) -> 
     assert harness.last_operation(INSTANCE, operation=provision_op).json()["state"] == "failed"
     assert harness.last_operation(INSTANCE).status_code == 410
     assert not (harness.state_dir / f"instance-{INSTANCE}").exists()
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        b"operation=provision-1",
+        b"service_id=s&plan_id=p&operation=op%2Fx+y",
+        b"operation=&operation=second",
+        b"operation=%C3%A9t%C3%A9",
+        b"operationx=1&xoperation=2",
+        b"",
+    ],
+)
+def test_the_polling_query_parser_agrees_with_parse_qs(query: bytes) -> None:
+    from urllib.parse import parse_qs
+
+    from scoperouter.broker.api import _query_value
+
+    expected = parse_qs(query.decode("latin-1")).get("operation", [None])[0]
+    assert _query_value(query, b"operation") == expected
+
+
+def test_last_operation_bodies_are_osb_last_operation_objects(harness: Harness) -> None:
+    """The polling route writes its JSON by hand (no pydantic per request): each body it
+    answers is still a valid models.LastOperation, with exact content headers."""
+    from scoperouter.broker.models import LastOperation
+
+    response = harness.provision(INSTANCE, {"fail": True})
+    assert response.status_code == 202, response.text
+    operation = response.json()["operation"]
+    in_progress = harness.last_operation(INSTANCE, operation=operation)
+    assert LastOperation.model_validate(in_progress.json()).state == "in progress"
+    assert in_progress.headers["content-type"] == "application/json"
+    assert int(in_progress.headers["content-length"]) == len(in_progress.content)
+    harness.drain()
+    failed = harness.last_operation(INSTANCE, operation=operation)
+    body = LastOperation.model_validate(failed.json())
+    assert (body.state, body.description) == ("failed", "asked to fail")
+    assert "retry-after" not in failed.headers

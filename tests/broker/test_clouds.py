@@ -82,6 +82,28 @@ def test_capacity_sums_providers_with_ratio_reserved_and_usage(tmp_path: Path) -
     assert clouds.capacity("CloudOne") is cap and len(calls) == count  # cached
 
 
+def test_capacity_keeps_the_largest_single_allocation_per_class(tmp_path: Path) -> None:
+    """max_unit bounds one allocation on a provider; so does that provider's free amount."""
+    answers = {
+        "/resource_providers": {"resource_providers": [{"uuid": "a"}, {"uuid": "b"}]},
+        "/resource_providers/a/inventories": {
+            "inventories": {
+                "VCPU": {"total": 16, "reserved": 0, "allocation_ratio": 1.0, "max_unit": 4},
+                "MEMORY_MB": {"total": 4096, "allocation_ratio": 1.0, "max_unit": 4096},
+            }
+        },
+        "/resource_providers/a/usages": {"usages": {"MEMORY_MB": 3072}},
+        "/resource_providers/b/inventories": {
+            "inventories": {"VCPU": {"total": 8, "allocation_ratio": 1.0, "max_unit": 8}}
+        },
+        "/resource_providers/b/usages": {"usages": {"VCPU": 2}},
+    }
+    cap = _clouds(tmp_path, answers, []).capacity("CloudOne")
+    assert cap.free == {"VCPU": 16.0 + 6.0, "MEMORY_MB": 1024.0}
+    # VCPU: a allows 4 (max_unit), b 6 (free below its max_unit 8); memory: a's free 1024
+    assert cap.largest == {"VCPU": 6.0, "MEMORY_MB": 1024.0}
+
+
 def test_capacity_cache_expires(tmp_path: Path) -> None:
     answers = {"/resource_providers": {"resource_providers": []}}
     calls: list[str] = []

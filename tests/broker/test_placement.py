@@ -85,6 +85,40 @@ def test_most_free_uses_the_bottleneck_resource():
     assert [c.cloud for c in ranking.candidates] == ["CloudTwo", "CloudOne"]
 
 
+def test_most_free_skips_a_cloud_whose_hosts_are_all_smaller_than_the_flavor():
+    """CloudOne has the most free in total, spread over hosts whose max_unit (or free amount
+    per host) is 4 VCPU: an 8-VCPU flavor cannot land there, so most-free must not pick it."""
+    big = Demand.of_flavor(vcpus=8, ram_mb=100, disk_gb=1)
+    many_small_hosts = Capacity(
+        cloud="CloudOne",
+        total={"VCPU": 100.0, "MEMORY_MB": 1000.0, "DISK_GB": 100.0},
+        free={"VCPU": 90.0, "MEMORY_MB": 900.0, "DISK_GB": 90.0},
+        largest={"VCPU": 4.0, "MEMORY_MB": 500.0, "DISK_GB": 90.0},
+        read_at=datetime.now(UTC),
+    )
+    one_big_host = Capacity(
+        cloud="CloudTwo",
+        total={"VCPU": 100.0, "MEMORY_MB": 1000.0, "DISK_GB": 100.0},
+        free={"VCPU": 30.0, "MEMORY_MB": 300.0, "DISK_GB": 30.0},
+        largest={"VCPU": 30.0, "MEMORY_MB": 300.0, "DISK_GB": 30.0},
+        read_at=datetime.now(UTC),
+    )
+    snapshots = {"CloudOne": many_small_hosts, "CloudTwo": one_big_host}
+    ranking = rank(snapshots, MostFree(), big)
+    assert [c.cloud for c in ranking.candidates] == ["CloudTwo"]
+    assert ranking.why_not() == (
+        "CloudOne: no host can take 8 VCPU: at most 4 in one allocation "
+        "(placement max_unit and free per host)"
+    )
+    # a flavor within max_unit still goes to the freer cloud
+    assert [c.cloud for c in rank(snapshots, MostFree(), TINY).candidates] == [
+        "CloudOne",
+        "CloudTwo",
+    ]
+    # an explicit cloud too small for one allocation is excluded with the same reason
+    assert rank(snapshots, Explicit("CloudOne"), big).candidates == ()
+
+
 def test_spread_prefers_fewest_placed_then_most_free():
     snapshots = {"CloudOne": full("CloudOne", 0.9), "CloudTwo": full("CloudTwo", 0.2),
                  "CloudThree": full("CloudThree", 0.5)}  # fmt: skip

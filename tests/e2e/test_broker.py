@@ -263,17 +263,16 @@ def test_sigkill_during_provision_bind_deprovision(broker: BrokerEnv, delay: flo
     op = broker.provision(instance, {"cloud": "CloudTwo"})
     time.sleep(delay)
     broker.restart()
-    assert osb.wait(instance, op, timeout=120).body["state"] == "succeeded"
+    last = osb.wait(instance, op, timeout=120)
+    assert last.body["state"] == "succeeded", last.body  # the description says why not
     assert len(broker.projects("CloudTwo", instance)) == 1  # never two
 
     binding = _ident("bind")
     answer = osb.bind(instance, binding, S, P)
     time.sleep(delay)
     broker.restart()
-    assert (
-        osb.wait(instance, answer.operation, binding_id=binding, timeout=120).body["state"]
-        == "succeeded"
-    )
+    last = osb.wait(instance, answer.operation, binding_id=binding, timeout=120)
+    assert last.body["state"] == "succeeded", last.body
     creds = osb.get_binding(instance, binding).body["credentials"]
     [credential] = _credentials_named(broker, "CloudTwo", binding)  # no orphan credential
     assert credential.id == creds["application_credential_id"]

@@ -56,6 +56,10 @@ def test_capacity_from_placement(clouds, fed):
         assert cap.cloud == cloud.name
         assert cap.total["VCPU"] > 0 and 0 <= cap.free["VCPU"] <= cap.total["VCPU"]
         assert cap.free["MEMORY_MB"] <= cap.total["MEMORY_MB"]
+        # one allocation's limit: placement's max_unit, never above what is free
+        assert cap.largest is not None
+        for rc in ("VCPU", "MEMORY_MB"):
+            assert 0 < cap.largest[rc] <= cap.free[rc]
         assert clouds.capacity(cloud.name) is cap  # cached for capacity_ttl
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -32,6 +33,19 @@ if TYPE_CHECKING:
     from scoperouter.broker.identity import Identity
 
 ENTRY_POINT_GROUP = "scoperouter.broker.services"
+
+# The JSON-schema draft the built-in services write their plans' parameter schemas in (OSB
+# requires a ``$schema`` key naming a draft, 04 or later).
+DRAFT4 = "http://json-schema.org/draft-04/schema#"
+# Namespace of the built-in offerings' catalog ids (uuid5 of the names): never change it.
+CATALOG_NAMESPACE = uuid.UUID("5c0de0b5-0000-4000-8000-000000000001")
+
+
+def stable_id(*parts: str) -> str:
+    """A catalog id (service, plan) derived from names, the same in every release and every
+    replica: OSB ids are immutable, and a platform that registered the broker keeps them."""
+    return str(uuid.uuid5(CATALOG_NAMESPACE, "/".join(parts)))
+
 
 OperationKind = Literal["provision", "update", "deprovision", "bind", "unbind"]
 JSONSchema = Mapping[str, Any]
@@ -143,6 +157,11 @@ class Capacity:
     total: Mapping[str, float]  # e.g. {"VCPU": 64, "MEMORY_MB": 131072, "DISK_GB": 2000}
     free: Mapping[str, float]
     read_at: datetime
+    # Per resource class, the most ONE allocation can take from any single provider: the
+    # largest min(max_unit, free) over the providers. A flavor asking more than this cannot
+    # land anywhere in the cloud however much is free in total (e.g. 16 VCPU free spread over
+    # hosts whose max_unit is 8). None: unknown (no check).
+    largest: Mapping[str, float] | None = None
 
 
 class Clouds(Protocol):

@@ -33,6 +33,7 @@ from openstack.image.v2.image import Image
 
 from scoperouter.broker import credentials
 from scoperouter.broker.services.base import (
+    DRAFT4,
     CatalogEntry,
     Clouds,
     Done,
@@ -46,7 +47,6 @@ from scoperouter.broker.services.base import (
     PlanEntry,
     Service,
 )
-from scoperouter.broker.services.project import DRAFT4
 from scoperouter.broker.services.server import (
     DEFAULT_BROKER_TAG,
     IMAGE_REF,
@@ -55,7 +55,6 @@ from scoperouter.broker.services.server import (
     find_image,
     instance_tag,
     offering,
-    revoke_instance_credentials,
     short,
     space_project,
 )
@@ -324,7 +323,7 @@ class ImageService(Service):
         text = ("deleted image " + ", ".join(deleted)) if deleted else (
             "no image of this instance is left in any cloud"
         )  # fmt: skip
-        revoked = revoke_instance_credentials(op)
+        revoked = credentials.revoke_instance(op)
         return Done(f"{text}; {revoked} binding credential(s) revoked" if revoked else text)
 
     def bind(self, op: OperationContext) -> Outcome:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -36,6 +35,7 @@ from scoperouter.broker.identity import (
     space_of,
 )
 from scoperouter.broker.services.base import (
+    DRAFT4,
     CatalogEntry,
     Done,
     Failed,
@@ -47,16 +47,10 @@ from scoperouter.broker.services.base import (
     PlanEntry,
     Schemas,
     Service,
+    stable_id,
 )
 
-NAMESPACE = uuid.UUID("5c0de0b5-0000-4000-8000-000000000001")  # ids of the built-in offerings
-DRAFT4 = "http://json-schema.org/draft-04/schema#"
 NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$"
-
-
-def stable_id(*parts: str) -> str:
-    """A catalog id that never changes across releases (OSB: ids are immutable)."""
-    return str(uuid.uuid5(NAMESPACE, "/".join(parts)))
 
 
 class ProjectService(Service):

@@ -40,12 +40,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from scoperouter.broker import credentials, placement
 from scoperouter.broker.identity import (
-    APP_CREDENTIAL_PREFIX,
     INSTANCE_TAG_PREFIX,
-    keystone,
     space_of,
 )
 from scoperouter.broker.services.base import (
+    DRAFT4,
     CatalogEntry,
     Clouds,
     Done,
@@ -60,8 +59,8 @@ from scoperouter.broker.services.base import (
     PlanEntry,
     Schemas,
     Service,
+    stable_id,
 )
-from scoperouter.broker.services.project import DRAFT4, stable_id
 from scoperouter.scope import CloudName, Scope
 
 if TYPE_CHECKING:
@@ -239,32 +238,6 @@ def bind_credentials(
         scope=json.loads(scope_text) if scope_text else None,
         extra=extra,
     )
-
-
-def revoke_instance_credentials(op: OperationContext) -> int:
-    """Delete the application credentials of the instance's bindings that the platform did not
-    unbind before deprovisioning. The instance's project is its platform space's, shared with
-    other instances, so they are told apart by the description credentials.issue gives them
-    (``OSB binding <binding> of instance <instance>``). Returns how many were deleted."""
-    cloud = op.instance.cloud
-    project_id = op.instance.resources.get("project_id")
-    if not cloud or not project_id:
-        return 0
-    conn = op.clouds.connect(cloud)
-    user_id = str(conn.current_user_id)
-    suffix = f" of instance {op.instance.id}"
-    removed = 0
-    for credential in keystone(conn).application_credentials(user=user_id):
-        if (
-            credential.name.startswith(APP_CREDENTIAL_PREFIX)
-            and credential.project_id == project_id
-            and (credential.description or "").endswith(suffix)
-        ):
-            keystone(conn).delete_application_credential(
-                user_id, credential.id, ignore_missing=True
-            )
-            removed += 1
-    return removed
 
 
 # ------------------------------------------------------------------------ the service
@@ -644,7 +617,7 @@ class ServerService(Service):
             return Pending("cannot check every cloud yet: " + "; ".join(problems), 5.0)
         if left:
             return Pending("deleting server " + ", ".join(left), POLL_SECONDS)
-        revoked = revoke_instance_credentials(op)
+        revoked = credentials.revoke_instance(op)
         text = "no server of this instance is left in any cloud"
         return Done(f"{text}; {revoked} binding credential(s) revoked" if revoked else text)
 
