@@ -128,7 +128,7 @@ class Federation:
             "ANSIBLE_PIPELINING": "1",
         }
         proc = subprocess.run(
-            argv, cwd=PLAYBOOKS, capture_output=True, text=True, timeout=1200, env=env
+            argv, cwd=PLAYBOOKS, capture_output=True, text=True, timeout=2400, env=env
         )
         output = proc.stdout + proc.stderr
         assert proc.returncode == 0, output[-8000:]
