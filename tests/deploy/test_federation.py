@@ -108,7 +108,7 @@ class Federation:
             name = f"{cloud.slug}-{process}"
             assert self.process_pid(name) != self.pids[name], f"{name} was not restarted"
             env = self.process_env(name)
-            if env:  # not written over by a process title
+            if "PATH" in env:  # not written over by a process title (uWSGI leaves scraps)
                 readable += 1
                 assert env.get("HTTP_PROXY") == proxy, name
         assert readable >= 2, "no service's environment could be read"
