@@ -1,7 +1,8 @@
 """The ``scoperouter`` console script. Thin: parses arguments and delegates.
 
 Subcommands: ``serve`` (run a cloud's router), ``route`` (print the routing decision for one
-request, sending nothing), ``check-config`` (validate a federation config), ``lab`` (a lab of
+request, sending nothing), ``check-config`` (validate a federation config), ``import-catalog``
+(a config from the clouds' keystone endpoint lists), ``lab`` (a lab of
 real OpenStack clouds on this machine) and ``broker`` (the Open Service Broker).
 """
 
@@ -160,6 +161,22 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--cloud", metavar="NAME", help="also check that this cloud is defined")
     check.set_defaults(func=cmd_check_config)
 
+    imp = sub.add_parser(
+        "import-catalog",
+        help="build a federation config from the clouds' keystone endpoint lists",
+        description=IMPORT_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    imp.add_argument(
+        "input",
+        metavar="FILE",
+        help="the clouds and their endpoint lists (YAML or JSON; - for stdin)",
+    )
+    imp.add_argument(
+        "-o", "--output", metavar="FILE", help="write the config there (default: stdout)"
+    )
+    imp.set_defaults(func=cmd_import_catalog)
+
     if importlib.util.find_spec("scoperouter_lab") is None:
         _lab_missing(sub)
     else:
@@ -226,6 +243,64 @@ def _load(path: str, cloud: str | None = None) -> Catalog | None:
         )
         return None
     return catalog
+
+
+IMPORT_DESCRIPTION = """\
+Build a federation config from each cloud's keystone endpoint list (what `openstack endpoint
+list -f json` prints, or the identity API's /v3/endpoints rows with their service type). Every
+endpoint of the cloud's region becomes a backend; the router advertises the same URL on its own
+host (router.host), with the ports router.ports maps. The result is validated like check-config.
+
+input (YAML or JSON):
+  settings: {hop_limit: 8}          # optional, copied into the config
+  clouds:
+    CloudOne:
+      region: CloudOne              # default: the cloud's name
+      router: {host: 127.0.0.2, ports: {}}
+      proxy: {listen: 127.0.0.2:3128}          # optional: the services' HTTP_PROXY
+      metrics: {listen: 127.0.0.2:9180}        # optional
+      credentials: {CloudTwo: router-at-cloudtwo}   # optional clouds.yaml entries
+      service_types: [identity, image]         # optional: only these
+      endpoints:                               # `openstack endpoint list -f json`, or /v3/endpoints
+        - {service_type: image, interface: public, url: "http://10.0.0.5:9292", region: CloudOne}
+
+example:
+  openstack --os-cloud one-admin endpoint list -f json   # -> the endpoints of CloudOne
+  scoperouter import-catalog clouds.yaml -o federation.yaml
+"""
+
+
+def cmd_import_catalog(args: argparse.Namespace) -> int:
+    import yaml
+
+    from scoperouter.catalog_import import import_catalog, import_request
+    from scoperouter.config import build_catalog
+
+    source = "<stdin>" if args.input == "-" else args.input
+    try:
+        if args.input == "-":
+            text = sys.stdin.read()
+        else:
+            with open(args.input) as fh:
+                text = fh.read()
+        data = yaml.safe_load(text)
+    except (OSError, yaml.YAMLError) as exc:
+        print(f"scoperouter: cannot read {source}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        clouds, settings = import_request(data)
+        config = import_catalog(clouds, settings)
+        build_catalog(config, source=f"config imported from {source}")
+    except ConfigError as exc:
+        print(f"scoperouter: {source}: {exc}", file=sys.stderr)
+        return 1
+    text = yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
+    if args.output:
+        with open(args.output, "w") as fh:
+            fh.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ import grp
 import hashlib
 import os
 import pwd
+import shlex
 import sqlite3
 import sys
 import time
@@ -137,7 +138,12 @@ class CloudRunner:
 
     # ------------------------------------------------------------------ environment
 
-    def env(self) -> dict[str, str]:
+    def env(self, what: str | None = None) -> dict[str, str]:
+        """The environment of process `what`: the lab's, then the `Environment=` lines of its
+        systemd-style drop-ins, `<dir>/systemd/<cloud>-<what>.service.d/*.conf` (the lab's
+        stand-in for /etc/systemd/system: playbooks/federation.yml writes `HTTP_PROXY` there
+        for clouds whose services are not systemd units, and `scoperouter lab restart`
+        applies it)."""
         drop = ("http_proxy", "https_proxy", "no_proxy", "all_proxy")
         env = {
             k: v
@@ -149,6 +155,8 @@ class CloudRunner:
             # the services' own outgoing HTTP calls go through this cloud's router
             proxy = f"http://{self.cloud.proxy_listen}"
             env.update(HTTP_PROXY=proxy, http_proxy=proxy)
+        if what is not None:
+            env.update(dropin_environment(self.paths.dropins(self.pname(what))))
         return env
 
     # ------------------------------------------------------------------ config files
@@ -332,7 +340,7 @@ class CloudRunner:
             argv = [str(self.paths.venv_bin(what))]
             for c in confs:
                 argv += ["--config-file", str(c)]
-        env = self.env()
+        env = self.env(what)
         fp = fingerprint(argv, {k: v for k, v in env.items() if "PROXY" in k.upper()}, *confs)
         return argv, fp
 
@@ -353,7 +361,7 @@ class CloudRunner:
         if self.procs.running(name, fp):
             return "running"
         stopped = self.procs.stop(name)
-        self.procs.start(name, argv, log=self.log(what), env=self.env(), fp=fp,
+        self.procs.start(name, argv, log=self.log(what), env=self.env(what), fp=fp,
                          cwd=self.paths.root)  # fmt: skip
         return "restarted (changed)" if stopped else "started"
 
@@ -589,3 +597,25 @@ class CloudRunner:
         ks.call("PUT", f"{nova}/os-quota-class-sets/default",
                 {"quota_class_set": dict(DEFAULT_QUOTA)})  # fmt: skip
         return f"{len(FLAVORS)} flavors ({made} created), default quotas raised"
+
+
+def dropin_environment(dropin_dir: Path) -> dict[str, str]:
+    """The `Environment=` assignments of a systemd drop-in directory's `*.conf` files, in
+    systemd's order (file name, then line); `Environment=` with no value resets them. Other
+    directives are not the lab's business and are ignored."""
+    env: dict[str, str] = {}
+    if not dropin_dir.is_dir():
+        return env
+    for conf in sorted(dropin_dir.glob("*.conf")):
+        for line in conf.read_text().splitlines():
+            key, sep, value = line.strip().partition("=")
+            if not sep or key.strip() != "Environment":
+                continue
+            if not value.strip():
+                env.clear()
+                continue
+            for item in shlex.split(value):
+                name, eq, val = item.partition("=")
+                if eq:
+                    env[name] = val
+    return env

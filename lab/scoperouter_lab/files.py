@@ -14,55 +14,46 @@ from scoperouter_lab.templates import Secrets
 def federation_config(
     rows_by_cloud: Mapping[CloudSpec, Sequence[Mapping[str, str]]],
 ) -> dict[str, Any]:
-    """The federation config (docs/design.md) from live keystone endpoint lists.
+    """The federation config (docs/design.md) from live keystone endpoint lists, by the
+    project's catalog import (:func:`scoperouter.catalog_import.import_catalog`).
 
     Each row is one ``openstack endpoint list`` line (service_type, interface, url, region).
-    The row's URL becomes the router URL of the endpoint (rewritten onto the router frontend
-    when the catalog still points at the backend, i.e. a lab brought up without router); the
-    backend is the same URL on the cloud's backend address.
+    A row already on the router (a lab brought up with routers) is first moved back onto the
+    backend address; the import then advertises each backend on the router's address.
     """
-    clouds: dict[str, dict[str, Any]] = {}
+    from scoperouter.catalog_import import CloudEndpoints, import_catalog
+
+    clouds = []
     for cloud, rows in rows_by_cloud.items():
-        services: dict[str, dict[str, dict[str, str]]] = {}
-        used_types: list[str] = []
-        for row in sorted(rows, key=lambda r: (r["service_type"], r["interface"])):
+        backends = []
+        for row in rows:
             stype = row["service_type"]
             if stype not in SERVICE_PORTS:
                 continue
-            if row.get("region") and row["region"] != cloud.region:
-                continue
             url = row["url"].rstrip("/")
             front, back = cloud.frontend_url(stype), cloud.backend_url(stype)
-            if url.startswith(back):
-                url = front + url[len(back) :]
-            if not url.startswith(front):
+            if url.startswith(front):
+                url = back + url[len(front) :]
+            if not url.startswith(back):
                 raise ValueError(
                     f"{cloud.name}: the {stype} {row['interface']} endpoint {row['url']} is "
                     f"neither on the router ({front}) nor on the backend ({back})"
                 )
-            services.setdefault(stype, {})[row["interface"]] = {
-                "url": url,
-                "backend": back + url[len(front) :],
-            }
-            if stype not in used_types:
-                used_types.append(stype)
+            backends.append({**row, "url": url})
         others = [c for c in rows_by_cloud if c != cloud]
-        clouds[cloud.name] = {
-            "region": cloud.region,
-            "frontends": [
-                {"url": cloud.frontend_url(t)}
-                for t in sorted(used_types, key=lambda t: SERVICE_PORTS[t][0])
-            ],
-            "proxy": {"listen": cloud.proxy_listen},
-            # clouds.yaml entries (written by the lab) of the router user of each other cloud
-            **({"credentials": {c.name: router_entry(c) for c in others}} if others else {}),
-            "services": services,
-        }
-    return {
-        "version": 1,
-        "settings": {"hop_limit": 8, "connect_timeout": 5.0, "response_timeout": 120.0},
-        "clouds": clouds,
-    }
+        clouds.append(
+            CloudEndpoints(
+                name=cloud.name,
+                region=cloud.region,
+                endpoints=backends,
+                router_host=cloud.front_ip,
+                proxy_listen=cloud.proxy_listen,
+                # clouds.yaml entries (written by the lab) of the router user of each other cloud
+                credentials={c.name: router_entry(c) for c in others},
+            )
+        )
+    settings = {"hop_limit": 8, "connect_timeout": 5.0, "response_timeout": 120.0}
+    return import_catalog(clouds, settings)
 
 
 def router_entry(cloud: CloudSpec) -> str:

@@ -187,6 +187,10 @@ class LabPaths:
             return self.logs / f"{name}.log"
         return self.logs / cloud.name / f"{name}.log"
 
+    def dropins(self, process: str) -> Path:
+        """The systemd-style drop-in directory of a lab process (see CloudRunner.env)."""
+        return self.root / "systemd" / f"{process}.service.d"
+
     def marker(self, cloud: CloudSpec | None, name: str) -> Path:
         """A file that records a finished one-time step (db sync, bootstrap ...)."""
         where = self.data / (cloud.slug if cloud else "shared") / "done"

@@ -48,9 +48,11 @@ class Lab:
     routed: bool
     state: dict[str, Any]
 
+    clouds_override: Path | None = None
+
     @property
     def clouds_yaml(self) -> Path:
-        return self.paths.clouds_yaml
+        return self.clouds_override or self.paths.clouds_yaml
 
     @property
     def openstack(self) -> str:
@@ -144,13 +146,19 @@ def fed(lab: Lab) -> tuple[CloudSpec, CloudSpec, dict[str, str]]:
 
 
 def _lab_info(root: Path, paths: LabPaths) -> Lab:
+    """The lab as its state file describes it; SCOPEROUTER_E2E_CLOUDS_YAML names the clouds.yaml
+    of a federation built on the lab's clouds otherwise (tests/deploy/test_federation.py: by
+    playbooks/federation.yml, on a lab started with --no-router): the tests then run against
+    those routers."""
     state = json.loads(paths.state_file.read_text())
+    override = os.environ.get("SCOPEROUTER_E2E_CLOUDS_YAML")
     return Lab(
         root=root,
         paths=paths,
         clouds=[CloudSpec(i) for i in range(1, state["clouds"] + 1)],
-        routed=bool(state.get("routed")),
+        routed=bool(state.get("routed")) or bool(override),
         state=state,
+        clouds_override=Path(override) if override else None,
     )
 
 

@@ -388,3 +388,27 @@ def test_cell0_is_mapped_from_a_config_file_not_a_command_line(tmp_path: Path):
     conf = configparser.ConfigParser()
     conf.read_string(T.nova_cell0_map_conf(ctx))
     assert conf["database"]["connection"] + "_cell0" == ctx.db_url("nova_cell0")
+
+
+def test_dropin_environment_reads_systemd_environment_lines(tmp_path: Path):
+    from scoperouter_lab.cloud import dropin_environment
+
+    assert dropin_environment(tmp_path / "missing.service.d") == {}
+    d = tmp_path / "cloudone-glance.service.d"
+    d.mkdir()
+    (d / "10-other.conf").write_text("[Service]\nEnvironment=A=1 B=2\nUser=nobody\n")
+    (d / "scoperouter.conf").write_text(
+        "# comment\n[Service]\n"
+        'Environment="HTTP_PROXY=http://127.0.0.2:3128" "http_proxy=http://127.0.0.2:3128"\n'
+        'Environment="NO_PROXY=localhost,127.0.0.1" B=3\n'
+    )
+    (d / "ignored.txt").write_text("Environment=C=4\n")
+    assert dropin_environment(d) == {
+        "A": "1",
+        "B": "3",  # later files and lines win, as in systemd
+        "HTTP_PROXY": "http://127.0.0.2:3128",
+        "http_proxy": "http://127.0.0.2:3128",
+        "NO_PROXY": "localhost,127.0.0.1",
+    }
+    (d / "zz-reset.conf").write_text("[Service]\nEnvironment=\n")
+    assert dropin_environment(d) == {}

@@ -1,0 +1,439 @@
+"""playbooks/federation.yml applied for real to the lab's clouds (issue 10's acceptance).
+
+Needs a lab started without routers (`scoperouter lab up --no-router`: the catalogs point
+straight at the services) at $SCOPEROUTER_LAB_DIR, and root. The playbook runs on this machine
+(`ansible_connection=local`, one inventory host per cloud, the router role's plain mode: PID 1
+is not systemd here) and must:
+
+* generate the federation config from both clouds' live endpoint lists, make the router user
+  and application credentials, start a router per cloud, point each keystone's public endpoints
+  at its router and give the clouds' services `HTTP_PROXY` through systemd-style drop-ins (the
+  lab's services are not systemd units: the lab reads the same drop-ins, `<lab>/systemd/
+  <process>.service.d/*.conf`, and `scoperouter lab restart` applies them);
+* then the scope e2e checks pass against the federation it built (tests/e2e/test_workflow.py:
+  an image of CloudTwo listed and a server booted from it through CloudOne's router, compute in
+  CloudTwo for a CloudOne user), pointed at it with SCOPEROUTER_E2E_CLOUDS_YAML;
+* a second run and a `--check --diff` run change nothing; the drop-ins pass
+  `systemd-analyze verify`;
+* `-e state=absent` puts every endpoint back exactly as it was (compared with the list read
+  before), removes the drop-ins (the services run without HTTP_PROXY again), stops the routers
+  and deletes the router user.
+
+Run with `SCOPEROUTER_FEDERATION_LAB=1 pytest -m deploy tests/deploy/test_federation.py`
+(without the variable it skips: the lab it needs is not the routed one of the e2e suite);
+`.ci/run` runs it in its own step, on the lab brought up again with --no-router. The routers
+run from a virtualenv the fixture makes with this checkout installed (the role's pip task finds
+it there): tests/deploy/test_router_role.py covers the role's own installation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from scoperouter import __version__
+
+pytestmark = pytest.mark.deploy
+
+REPO = Path(__file__).resolve().parents[2]
+PLAYBOOKS = REPO / "playbooks"
+E2E_SELECTION = (
+    "image_list_follows_the_scope or server_in_cloudone_from_an_image_of_cloudtwo"
+    " or compute_in_cloudtwo_with_a_cloudone_user"
+)
+E2E_COUNT = 6
+ROUTER_USER = "scoperouter-router"
+
+
+def _ansible(tool: str) -> str:
+    for candidate in (REPO / ".venv-deploy" / "bin" / tool, shutil.which(tool)):
+        if candidate and Path(candidate).exists():
+            return str(candidate)
+    pytest.fail(
+        f"{tool} not found: python3 -m venv .venv-deploy && "
+        ".venv-deploy/bin/pip install -r playbooks/requirements.txt",
+        pytrace=False,
+    )
+
+
+def _unavailable(reason: str) -> None:
+    """No lab to federate: a skip, unless asked for (.ci/run's federation step sets
+    SCOPEROUTER_FEDERATION_LAB=1 after `lab up --no-router`): then a failure."""
+    if os.environ.get("SCOPEROUTER_FEDERATION_LAB") == "1":
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)
+
+
+def _changed(output: str) -> int:
+    counts = re.findall(r"changed=(\d+)", output)
+    assert counts, output[-3000:]
+    return sum(int(c) for c in counts)
+
+
+def _unchanged(output: str) -> None:
+    blocks = output.split("TASK [")[1:]
+    tasks = [b.split("]", 1)[0] for b in blocks if "\nchanged:" in b]
+    assert _changed(output) == 0, f"changed: {tasks}\n{output[-3000:]}"
+
+
+@dataclass
+class Federation:
+    lab_root: Path
+    base: Path
+    inventory: Path
+    clouds: list[Any]  # scoperouter_lab.layout.CloudSpec
+    admin_passwords: dict[str, str]
+    before: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    links: list[Path] = field(default_factory=list)
+    undone: bool = False  # state=absent ran and passed its checks
+    pids: dict[str, int] = field(default_factory=dict)  # the lab's services, before a run
+
+    def check_proxy(self, cloud: Any, proxy: str | None) -> None:
+        """Each service of `cloud` was restarted since `pids` was taken, and runs with
+        HTTP_PROXY = `proxy` (None: without) where its environment can be read."""
+        readable = 0
+        for process in PROXIED:
+            name = f"{cloud.slug}-{process}"
+            assert self.process_pid(name) != self.pids[name], f"{name} was not restarted"
+            env = self.process_env(name)
+            if "PATH" in env:  # not written over by a process title (uWSGI leaves scraps)
+                readable += 1
+                assert env.get("HTTP_PROXY") == proxy, name
+        assert readable >= 2, "no service's environment could be read"
+
+    def take_pids(self) -> None:
+        self.pids = {
+            f"{c.slug}-{p}": self.process_pid(f"{c.slug}-{p}") for c in self.clouds for p in PROXIED
+        }
+
+    def run(self, *extra: str) -> str:
+        argv = [_ansible("ansible-playbook"), "-i", str(self.inventory), "federation.yml", *extra]
+        env = {
+            **{k: v for k, v in os.environ.items() if "proxy" not in k.lower()},
+            "ANSIBLE_CONFIG": str(PLAYBOOKS / "ansible.cfg"),
+            # both clouds' hosts are this machine, run in parallel; modules run without copies
+            "ANSIBLE_FORKS": "2",
+            "ANSIBLE_PIPELINING": "1",
+        }
+        proc = subprocess.run(
+            argv, cwd=PLAYBOOKS, capture_output=True, text=True, timeout=2400, env=env
+        )
+        output = proc.stdout + proc.stderr
+        assert proc.returncode == 0, output[-8000:]
+        return output
+
+    def keystone(self, cloud: Any) -> Any:
+        from scoperouter_lab.api import Keystone
+
+        url = cloud.backend_endpoint("identity")
+        return Keystone(url, "admin", self.admin_passwords[cloud.slug]).login()
+
+    def endpoints(self, cloud: Any) -> list[dict[str, Any]]:
+        keys = ("id", "service_id", "interface", "region_id", "url", "enabled")
+        rows = self.keystone(cloud).call("GET", "/endpoints")["endpoints"]
+        return sorted(({k: row.get(k) for k in keys} for row in rows), key=lambda r: r["id"])
+
+    def etc(self, cloud: Any) -> Path:
+        return self.base / f"etc-{cloud.slug}"
+
+    def ctl(self, cloud: Any) -> Path:
+        return self.etc(cloud) / f"scoperouter-{cloud.slug}-ctl"
+
+    def pid(self, cloud: Any) -> str:
+        return (self.base / f"run-{cloud.slug}" / f"scoperouter-{cloud.slug}.pid").read_text()
+
+    def router_log(self, cloud: Any) -> Path:
+        return self.base / f"log-{cloud.slug}" / f"scoperouter-{cloud.slug}.log"
+
+    def dropin(self, process: str) -> Path:
+        return self.lab_root / "systemd" / f"{process}.service.d" / "scoperouter.conf"
+
+    def process_pid(self, process: str) -> int:
+        from scoperouter_lab.procs import ProcessTable
+
+        rec = ProcessTable(self.lab_root / "run").get(process)
+        assert rec is not None and rec.alive(), f"lab process {process} is not running"
+        return int(rec.pid)
+
+    def process_env(self, process: str) -> dict[str, str]:
+        pid = self.process_pid(process)
+        raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        return dict(item.decode().partition("=")[::2] for item in raw if b"=" in item)
+
+
+def _router_venv(base: Path) -> Path:
+    """The routers' virtualenv: this checkout installed with the system Python (the service
+    user cannot use a Python under /root, e.g. pyenv's). $SCOPEROUTER_FEDERATION_VENV names one
+    made beforehand (where pip cannot reach an index, e.g. in a network namespace)."""
+    given = os.environ.get("SCOPEROUTER_FEDERATION_VENV")
+    if given:
+        return Path(given)
+    venv = base / "venv"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True, timeout=300)
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(REPO)], check=True, timeout=900)
+    return venv
+
+
+# uWSGI and setproctitle (nova's daemons) write process titles over the environment block, so
+# /proc/<pid>/environ of most services reads empty: every service must have been restarted, and
+# the environment is checked where it can be read (the lab's stand-ins at least); the e2e checks
+# show that glance's and nova's calls reach the router.
+PROXIED = ("glance", "placement", "nova-api", "nova-conductor", "nova-scheduler", "nova-compute",
+           "network", "block-storage")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def fed() -> Iterator[Federation]:
+    if os.environ.get("SCOPEROUTER_FEDERATION_LAB") != "1":
+        pytest.skip("needs a lab up with --no-router: SCOPEROUTER_FEDERATION_LAB=1 (.ci/run)")
+    if os.geteuid() != 0:
+        _unavailable("the playbook creates a system user and writes as root: run as root")
+    try:
+        from scoperouter_lab.layout import CloudSpec, default_dir
+    except ImportError:
+        _unavailable("the lab package is not installed (pip install -e ./lab)")
+    lab_root = default_dir()
+    state_file = lab_root / "lab.json"
+    status = subprocess.run(
+        [sys.executable, "-m", "scoperouter_lab", "status", "--dir", str(lab_root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if not state_file.exists() or status.returncode != 0:
+        _unavailable(f"no healthy lab in {lab_root}: scoperouter lab up --no-router")
+    state = json.loads(state_file.read_text())
+    if state.get("routed") or state.get("clouds", 0) < 2:
+        _unavailable(f"the lab in {lab_root} has routers or fewer than 2 clouds: this test needs "
+                     "`scoperouter lab up --no-router` (2 clouds)")  # fmt: skip
+    clouds = [CloudSpec(i) for i in range(1, state["clouds"] + 1)]
+    base = Path(f"/tmp/scoperouter-fed-{uuid.uuid4().hex[:8]}")
+    base.mkdir(mode=0o755)
+    venv = _router_venv(base)
+    groups = {}
+    for cloud in clouds:
+        host_vars = {
+            "ansible_connection": "local",
+            "ansible_python_interpreter": sys.executable,
+            "scoperouter_cloud": cloud.name,
+            "scoperouter_federation_keystone": {
+                "auth_url": cloud.backend_endpoint("identity"),
+                "username": "admin",
+                "password": state["cloud_secrets"][cloud.slug]["admin"],
+                "project_name": "admin",
+                "user_domain_name": "Default",
+                "project_domain_name": "Default",
+            },
+            "scoperouter_federation_router_host": cloud.front_ip,
+            "scoperouter_federation_proxy_units": [f"{cloud.slug}-{p}.service" for p in PROXIED],
+            "scoperouter_etc_dir": str(base / f"etc-{cloud.slug}"),
+            "scoperouter_home": str(base / f"home-{cloud.slug}"),
+            "scoperouter_run_dir": str(base / f"run-{cloud.slug}"),
+            "scoperouter_log_dir": str(base / f"log-{cloud.slug}"),
+        }
+        groups[cloud.slug] = {"hosts": {f"dp-{cloud.slug}": host_vars}}
+    common = {
+        # a venv where this checkout is installed: the role's pip task finds it there
+        "scoperouter_package": f"scoperouter=={__version__}",
+        "scoperouter_venv": str(venv),
+        "scoperouter_service_mode": "plain",
+        # the lab's stand-in for /etc/systemd/system, and its stand-in for systemctl restart
+        "scoperouter_federation_systemd_dir": str(lab_root / "systemd"),
+        "scoperouter_federation_restart_command": [
+            sys.executable,
+            "-m",
+            "scoperouter_lab",
+            "restart",
+            "--dir",
+            str(lab_root),
+        ],
+        "scoperouter_federation_state_dir": str(base / "state"),
+    }
+    inventory = base / "inventory.yml"
+    inventory.write_text(
+        yaml.safe_dump(
+            {"all": {"children": {"scoperouter_federation": {"children": groups, "vars": common}}}}
+        )
+    )
+    federation = Federation(
+        lab_root=lab_root,
+        base=base,
+        inventory=inventory,
+        clouds=clouds,
+        admin_passwords={c.slug: state["cloud_secrets"][c.slug]["admin"] for c in clouds},
+    )
+    federation.before = {c.name: federation.endpoints(c) for c in clouds}
+    try:
+        yield federation
+    finally:
+        for link in federation.links:
+            link.unlink(missing_ok=True)
+        if not federation.undone and any(federation.ctl(c).exists() for c in clouds):
+            subprocess.run(  # a failed test left the federation up: undo it (best effort)
+                [_ansible("ansible-playbook"), "-i", str(inventory), "federation.yml",
+                 "-e", "state=absent"],
+                cwd=PLAYBOOKS, check=False, timeout=1200, capture_output=True,
+            )  # fmt: skip
+        for cloud in clouds:
+            if federation.ctl(cloud).exists():
+                subprocess.run([str(federation.ctl(cloud)), "stop"], check=False, timeout=60)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _secrets(fed: Federation) -> list[str]:
+    found = list(fed.admin_passwords.values())
+    for cloud in fed.clouds:
+        secure = fed.etc(cloud) / "secure.yaml"
+        if secure.exists():
+            for entry in yaml.safe_load(secure.read_text())["clouds"].values():
+                found.append(entry["auth"]["application_credential_secret"])
+    return found
+
+
+def test_present_federates_the_clouds(fed: Federation) -> None:
+    fed.take_pids()
+    output = fed.run("--diff", "-v")
+    assert _changed(output) > 0
+    secrets = _secrets(fed)
+    assert len(secrets) == 2 * len(fed.clouds)  # admin passwords, one credential per peer
+    leaked = [s for s in secrets if s in output]
+    assert not leaked, "a secret reached Ansible's output"
+    for cloud in fed.clouds:
+        # the public endpoints point at the router, on the same ports and paths; the others
+        # (none in the lab) and every id stay as they were
+        now = {e["id"]: e for e in fed.endpoints(cloud)}
+        assert set(now) == {e["id"] for e in fed.before[cloud.name]}
+        for old in fed.before[cloud.name]:
+            want = old["url"]
+            if old["interface"] == "public" and old["region_id"] == cloud.region:
+                want = want.replace(f"//{cloud.back_ip}:", f"//{cloud.front_ip}:")
+            assert now[old["id"]] == {**old, "url": want}
+        # the router runs as its own user; its credentials are application credentials of the
+        # other cloud (no password anywhere), secrets only in secure.yaml (0600)
+        status = subprocess.run([str(fed.ctl(cloud)), "status"], capture_output=True, text=True)
+        assert status.returncode == 0, status.stdout
+        entries = yaml.safe_load((fed.etc(cloud) / "clouds.yaml").read_text())["clouds"]
+        others = [c for c in fed.clouds if c != cloud]
+        assert set(entries) == {f"router-at-{c.slug}" for c in others}
+        for other in others:
+            entry = entries[f"router-at-{other.slug}"]
+            assert entry["auth_type"] == "v3applicationcredential"
+            assert entry["auth"]["auth_url"] == other.endpoint_url("identity", True)
+            assert set(entry["auth"]) == {"auth_url", "application_credential_id"}
+        assert (fed.etc(cloud) / "secure.yaml").stat().st_mode & 0o777 == 0o600
+        config = yaml.safe_load((fed.etc(cloud) / "federation.yaml").read_text())
+        assert config["clouds"][cloud.name]["proxy"] == {"listen": cloud.proxy_listen}
+        assert config["clouds"][cloud.name]["credentials"] == {
+            o.name: f"router-at-{o.slug}" for o in others
+        }
+        # the services call through their router: their drop-in is applied
+        fed.check_proxy(cloud, f"http://{cloud.proxy_listen}")
+        # the router user holds the service role on its own project, and nothing else
+        ks = fed.keystone(cloud)
+        users = ks.call("GET", f"/users?name={ROUTER_USER}")["users"]
+        assert len(users) == 1
+        assignments = ks.call("GET", f"/role_assignments?user.id={users[0]['id']}&include_names")
+        held = {(a["role"]["name"], a["scope"]["project"]["name"])
+                for a in assignments["role_assignments"]}  # fmt: skip
+        assert held == {("service", ROUTER_USER)}
+
+
+def test_scope_e2e_checks_pass_through_the_playbooks_routers(fed: Federation) -> None:
+    # the lab's clouds.yaml, entering each cloud at its router as the catalog now says
+    lab_clouds = yaml.safe_load((fed.lab_root / "clouds.yaml").read_text())
+    for entry in lab_clouds["clouds"].values():
+        for cloud in fed.clouds:
+            auth = entry["auth"]
+            auth["auth_url"] = auth["auth_url"].replace(
+                f"//{cloud.back_ip}:", f"//{cloud.front_ip}:"
+            )
+    clouds_yaml = fed.base / "clouds.yaml"
+    clouds_yaml.write_text(yaml.safe_dump(lab_clouds))
+    clouds_yaml.chmod(0o600)
+    # the e2e tests read each router's log where the lab keeps it
+    for cloud in fed.clouds:
+        link = fed.lab_root / "logs" / cloud.name / "router.log"
+        if not link.exists():
+            link.symlink_to(fed.router_log(cloud))
+            fed.links.append(link)
+    env = {
+        **os.environ,
+        "SCOPEROUTER_LAB_REUSE": "1",
+        "SCOPEROUTER_E2E_CLOUDS_YAML": str(clouds_yaml),
+        "SCOPEROUTER_LAB_DIR": str(fed.lab_root),
+    }
+    argv = [sys.executable, "-m", "pytest", "-m", "e2e", "-p", "no:cacheprovider", "-q",
+            "tests/e2e/test_workflow.py", "-k", E2E_SELECTION]  # fmt: skip
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=1500, env=env)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-8000:]
+    assert f"{E2E_COUNT} passed" in output, output[-3000:]
+
+
+def test_second_run_and_check_mode_change_nothing(fed: Federation) -> None:
+    pids = [
+        (fed.base / f"run-{c.slug}" / f"scoperouter-{c.slug}.pid").read_text() for c in fed.clouds
+    ]
+    _unchanged(fed.run())
+    _unchanged(fed.run("--check", "--diff"))
+    after = [
+        (fed.base / f"run-{c.slug}" / f"scoperouter-{c.slug}.pid").read_text() for c in fed.clouds
+    ]
+    assert after == pids  # no router restarted
+
+
+def test_dropins_pass_systemd_analyze(fed: Federation, tmp_path: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed")
+    cloud = fed.clouds[0]
+    for process in PROXIED:
+        unit = f"{cloud.slug}-{process}.service"
+        # the drop-in beside a unit that stands for the service's own (another package's)
+        (tmp_path / unit).write_text(
+            f"[Unit]\nDescription={unit}\n[Service]\nExecStart=/bin/true\n"
+        )
+        shutil.copytree(fed.dropin(f"{cloud.slug}-{process}").parent, tmp_path / f"{unit}.d")
+        proc = subprocess.run(
+            [analyze, "verify", unit],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "SYSTEMD_UNIT_PATH": f"{tmp_path}:"},
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "scoperouter.conf" not in proc.stdout + proc.stderr  # no warning about it
+        dropin = fed.dropin(f"{cloud.slug}-{process}").read_text()
+        assert f'"HTTP_PROXY=http://{cloud.proxy_listen}"' in dropin
+
+
+def test_absent_restores_the_clouds(fed: Federation) -> None:
+    fed.take_pids()
+    output = fed.run("-e", "state=absent")
+    assert _changed(output) > 0
+    for cloud in fed.clouds:
+        assert fed.endpoints(cloud) == fed.before[cloud.name]  # exactly as before
+        for process in PROXIED:
+            assert not fed.dropin(f"{cloud.slug}-{process}").parent.exists()
+        fed.check_proxy(cloud, None)
+        status = subprocess.run([str(fed.ctl(cloud)), "status"], capture_output=True, text=True)
+        assert status.returncode == 3 and "stopped" in status.stdout
+        assert not (fed.etc(cloud) / "secure.yaml").exists()
+        ks = fed.keystone(cloud)
+        assert ks.call("GET", f"/users?name={ROUTER_USER}")["users"] == []
+        assert ks.call("GET", f"/projects?name={ROUTER_USER}")["projects"] == []
+    assert not list((fed.base / "state").glob("*.json"))
+    fed.undone = True
+    _unchanged(fed.run("-e", "state=absent"))

@@ -1,0 +1,222 @@
+"""The catalog import (`scoperouter import-catalog`): keystone endpoint lists -> federation
+config, as the lab and playbooks/federation.yml use it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scoperouter.catalog_import import (
+    CloudEndpoints,
+    import_catalog,
+    import_request,
+    router_url,
+)
+from scoperouter.cli import main
+from scoperouter.config import build_catalog
+from scoperouter.errors import ConfigError
+
+ONE_ROWS = [
+    {"service_type": "identity", "interface": "public", "url": "http://10.0.1.5:5000/v3",
+     "region": "CloudOne"},
+    {"service_type": "identity", "interface": "internal", "url": "http://10.0.1.5:5000/v3/",
+     "region": "CloudOne"},
+    {"service_type": "image", "interface": "public", "url": "http://10.0.1.5:9292",
+     "region": "CloudOne"},
+    {"service_type": "compute", "interface": "public", "url": "https://10.0.1.5:8774/v2.1",
+     "region": "CloudOne"},
+    # another region of the same keystone, and a disabled endpoint: not this cloud's
+    {"service_type": "image", "interface": "public", "url": "http://10.9.9.9:9292",
+     "region": "Elsewhere"},
+    {"service_type": "image", "interface": "admin", "url": "http://10.0.1.5:9393",
+     "region": "CloudOne", "enabled": False},
+]  # fmt: skip
+TWO_ROWS = [
+    {"service_type": "identity", "interface": "public", "url": "http://10.0.2.5:5000/v3",
+     "region": "CloudTwo"},
+    {"service_type": "image", "interface": "public", "url": "http://10.0.2.5:9292",
+     "region": "CloudTwo"},
+]  # fmt: skip
+
+
+def _clouds() -> list[CloudEndpoints]:
+    return [
+        CloudEndpoints(
+            name="CloudOne",
+            region="CloudOne",
+            endpoints=ONE_ROWS,
+            router_host="10.0.1.6",
+            proxy_listen="10.0.1.6:3128",
+            credentials={"CloudTwo": "router-at-cloudtwo"},
+        ),
+        CloudEndpoints(
+            name="CloudTwo",
+            region="CloudTwo",
+            endpoints=TWO_ROWS,
+            router_host="10.0.2.5",
+            router_ports={5000: 15000, 9292: 19292},
+            metrics_listen="10.0.2.5:9180",
+        ),
+    ]
+
+
+def test_backends_are_advertised_on_the_router_address_with_same_port_and_path():
+    config = import_catalog(_clouds(), {"hop_limit": 4})
+    one = config["clouds"]["CloudOne"]
+    assert one["services"]["identity"] == {
+        "public": {"url": "http://10.0.1.6:5000/v3", "backend": "http://10.0.1.5:5000/v3"},
+        "internal": {"url": "http://10.0.1.6:5000/v3", "backend": "http://10.0.1.5:5000/v3"},
+    }
+    assert one["services"]["compute"]["public"] == {
+        "url": "https://10.0.1.6:8774/v2.1",
+        "backend": "https://10.0.1.5:8774/v2.1",
+    }
+    # the other region's and the disabled endpoint are left out
+    assert one["services"]["image"] == {
+        "public": {"url": "http://10.0.1.6:9292", "backend": "http://10.0.1.5:9292"}
+    }
+    assert [f["url"] for f in one["frontends"]] == [
+        "http://10.0.1.6:5000",
+        "https://10.0.1.6:8774",
+        "http://10.0.1.6:9292",
+    ]
+    assert one["proxy"] == {"listen": "10.0.1.6:3128"}
+    assert one["credentials"] == {"CloudTwo": "router-at-cloudtwo"}
+    assert config["settings"] == {"hop_limit": 4}
+
+
+def test_a_router_on_the_services_address_takes_other_ports():
+    two = import_catalog(_clouds())["clouds"]["CloudTwo"]
+    assert two["services"]["image"]["public"] == {
+        "url": "http://10.0.2.5:19292",
+        "backend": "http://10.0.2.5:9292",
+    }
+    assert two["metrics"] == {"listen": "10.0.2.5:9180"}
+    assert "proxy" not in two and "credentials" not in two
+
+
+def test_the_result_is_what_the_router_loads():
+    clouds = _clouds()
+    # without the https endpoint (an https frontend needs a certificate)
+    clouds[0] = dataclasses.replace(clouds[0], endpoints=ONE_ROWS[:3] + ONE_ROWS[4:])
+    catalog = build_catalog(import_catalog(clouds))
+    match = catalog.match("10.0.1.6", 9292, "/v2/images")
+    assert match is not None and str(match.endpoint.backend) == "http://10.0.1.5:9292"
+    assert str(catalog.endpoint("CloudTwo", "identity", "public").url) == (  # type: ignore[union-attr]
+        "http://10.0.2.5:15000/v3"
+    )
+
+
+def test_only_the_chosen_service_types():
+    cloud = CloudEndpoints(
+        name="CloudOne",
+        region="CloudOne",
+        endpoints=ONE_ROWS,
+        router_host="10.0.1.6",
+        service_types=["identity"],
+    )
+    assert set(import_catalog([cloud])["clouds"]["CloudOne"]["services"]) == {"identity"}
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([], "no endpoint in region CloudOne"),
+        (ONE_ROWS[:1] * 2, "two public endpoints in region CloudOne"),
+        ([{**ONE_ROWS[0], "url": "ftp://x:1/v3"}], "not an http:// or https:// URL"),
+        ([{"interface": "public", "url": "http://x:1"}], "without service_type"),
+    ],
+)
+def test_bad_endpoint_lists_are_refused_with_the_key(rows, message):
+    cloud = CloudEndpoints(name="CloudOne", region="CloudOne", endpoints=rows, router_host="h")
+    with pytest.raises(ConfigError, match=message) as err:
+        import_catalog([cloud])
+    assert err.value.location.startswith("clouds.CloudOne")
+
+
+def test_router_url_keeps_scheme_path_and_brackets_ipv6():
+    assert router_url("https://a:443/x/", "::1", {}) == "https://[::1]:443/x"
+    assert router_url("http://a/identity", "b", {80: 8080}) == "http://b:8080/identity"
+
+
+def test_request_reads_the_identity_api_and_osc_formats():
+    data = {
+        "clouds": {
+            "CloudOne": {
+                "router": {"host": "10.0.1.6", "ports": {"9292": "19292"}},
+                "services": [{"id": "s1", "type": "image"}],
+                "endpoints": [
+                    # the identity API's /v3/endpoints row: service_id, region_id
+                    {"id": "e1", "service_id": "s1", "interface": "public",
+                     "url": "http://10.0.1.5:9292", "region_id": "CloudOne", "enabled": True,
+                     "links": {"self": "http://k/v3/endpoints/e1"}},
+                    # `openstack endpoint list -f json`
+                    {"ID": "e2", "Service Type": "identity", "Interface": "public",
+                     "URL": "http://10.0.1.5:5000/v3", "Region": "CloudOne", "Enabled": True},
+                ],
+            }
+        }
+    }  # fmt: skip
+    clouds, settings = import_request(data)
+    config = import_catalog(clouds, settings)
+    services = config["clouds"]["CloudOne"]["services"]
+    assert services["image"]["public"]["url"] == "http://10.0.1.6:19292"
+    assert services["identity"]["public"]["url"] == "http://10.0.1.6:5000/v3"
+    assert "settings" not in config
+
+
+@pytest.mark.parametrize(
+    ("data", "where"),
+    [
+        ({}, "clouds"),
+        ({"clouds": {}, "extra": 1}, "extra"),
+        ({"clouds": {"A": {"endpoints": []}}}, "clouds.A.router.host"),
+        ({"clouds": {"A": {"router": {"host": "h"}, "endpoints": {}}}}, "clouds.A.endpoints"),
+        ({"clouds": {"A": {"router": {"host": "h"}, "endpoints": [], "x": 1}}}, "clouds.A.x"),
+        ({"clouds": {"A": {"router": {"host": "h", "ports": {"a": 1}}, "endpoints": []}}},
+         "clouds.A.router.ports"),
+    ],
+)  # fmt: skip
+def test_bad_requests_name_the_key(data, where):
+    with pytest.raises(ConfigError) as err:
+        import_request(data)
+    assert err.value.location == where
+
+
+def test_cli_writes_a_config_that_check_config_accepts(tmp_path: Path, capsys):
+    request = tmp_path / "in.json"
+    request.write_text(
+        json.dumps(
+            {
+                "clouds": {
+                    "CloudTwo": {
+                        "router": {"host": "10.0.2.6"},
+                        "proxy": {"listen": "10.0.2.6:3128"},
+                        "endpoints": TWO_ROWS,
+                    }
+                }
+            }
+        )
+    )
+    out = tmp_path / "federation.yaml"
+    assert main(["import-catalog", str(request), "-o", str(out)]) == 0
+    assert yaml.safe_load(out.read_text())["clouds"]["CloudTwo"]["proxy"] == {
+        "listen": "10.0.2.6:3128"
+    }
+    assert main(["check-config", str(out), "--cloud", "CloudTwo"]) == 0
+
+
+def test_cli_refuses_what_the_router_would_refuse(tmp_path: Path, capsys):
+    request = tmp_path / "in.yaml"
+    # the router on the backend's own address and port: a loop the loader refuses
+    loop = {"clouds": {"CloudTwo": {"router": {"host": "10.0.2.5"}, "endpoints": TWO_ROWS}}}
+    request.write_text(yaml.safe_dump(loop))
+    assert main(["import-catalog", str(request)]) == 1
+    err = capsys.readouterr().err
+    assert "in.yaml" in err and "CloudTwo" in err
+    assert main(["import-catalog", str(tmp_path / "missing.yaml")]) == 1
+    assert "cannot read" in capsys.readouterr().err
