@@ -11,7 +11,9 @@ In one run, on the same backend (nginx) and load generator (wrk), small keep-ali
   (``bench/floor_servers.py lean``), 1 and 2 processes.
 
 Every proxy runs under ``python -O``. Per point: req/s, its ratio to direct, p50 and what it adds
-to direct, the CPU each proxy spends per request (all its processes). With ``--rounds N`` every
+to direct, the CPU each proxy spends per request (all its processes) and, when ``perf`` is
+there, the user-space instructions it executes per request: a figure that, unlike time, other
+processes competing for the cores do not inflate. With ``--rounds N`` every
 point is measured N times, round after round, and the table shows medians and the spread.
 
     python -m bench.floor                    # ~3 minutes
@@ -21,11 +23,14 @@ point is measured N times, round after round, and the table shows medians and th
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Any
+
+import psutil
 
 from bench import backend, load
 from bench.machine import machine_context
@@ -87,9 +92,11 @@ def measure(bench: Bench, path: Path, conns: int, headers: dict[str, str]) -> di
     if args.warmup > 0:
         load.run_load(bench.tool, url, conns, args.warmup, headers, bench.workdir, env=env)
     watched = {str(pid): pid for pid in path.pids}
+    counter = start_instruction_count(path.pids, args.duration)
     before = cpu_sample(watched)
     result = load.run_load(bench.tool, url, conns, args.duration, headers, bench.workdir, env=env)
     after = cpu_sample(watched)
+    instructions = finish_instruction_count(counter)
     cpu = sum(after.per_process[k] - before.per_process[k] for k in watched)
     wall = after.wall - before.wall
     others = max(0.0, (after.machine_busy - before.machine_busy) / wall)
@@ -102,9 +109,47 @@ def measure(bench: Bench, path: Path, conns: int, headers: dict[str, str]) -> di
         "p50_ms": result.p50_ms,
         "p99_ms": result.p99_ms,
         "cpu_us_per_req": cpu / result.requests * 1e6 if result.requests else None,
+        "instructions_per_req": (
+            instructions / result.requests if instructions and result.requests else None
+        ),
         "machine_busy_cores": others,
         "errors": result.error_count,
     }
+
+
+def start_instruction_count(pids: tuple[int, ...], seconds: float) -> subprocess.Popen[str] | None:
+    """``perf stat`` counting the user-space instructions of `pids` (all their threads, and
+    a router's workers) for about as long as the load runs. Unlike CPU time, a count of
+    instructions does not grow when other processes compete for the cores, so it compares
+    proxies on a busy machine. None without perf (or without pids: direct)."""
+    perf = shutil.which("perf")
+    if perf is None or not pids:
+        return None
+    every = sorted({pid for root in pids for pid in _with_children(root)})
+    argv = [perf, "stat", "-x", ",", "-e", "instructions:u", "-p", ",".join(map(str, every))]
+    argv += ["--", "sleep", f"{seconds:g}"]
+    return subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+
+
+def finish_instruction_count(counter: subprocess.Popen[str] | None) -> float | None:
+    if counter is None:
+        return None
+    _, err = counter.communicate(timeout=60)
+    for line in err.splitlines():
+        value, _, rest = line.partition(",")
+        if "instructions" in rest and value.strip().isdigit():
+            return float(value)
+    return None
+
+
+def _with_children(pid: int) -> list[int]:
+    try:
+        proc = psutil.Process(pid)
+        return [pid, *(child.pid for child in proc.children(recursive=True))]
+    except psutil.Error:
+        return [pid]
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -171,7 +216,7 @@ def report(rows: list[dict[str, Any]], rounds: int) -> str:
     spread = rounds > 1
     head = (
         f"{'path':22} {'procs':>5} {'conns':>5} {'req/s':>8} {'x direct':>8} {'p50 ms':>8} "
-        f"{'p50 added':>9} {'CPU us/req':>10}"
+        f"{'p50 added':>9} {'CPU us/req':>10} {'k instr/req':>11}"
     )
     if spread:
         head += f"  {'req/s min-max':>15}  {'CPU us/req min-max':>18}"
@@ -184,11 +229,14 @@ def report(rows: list[dict[str, Any]], rounds: int) -> str:
             p50 = statistics.median(r["p50_ms"] for r in group)
             cpus = [r["cpu_us_per_req"] for r in group if r["cpu_us_per_req"] is not None]
             cpu = statistics.median(cpus) if cpus else None
+            counts = [r["instructions_per_req"] for r in group if r.get("instructions_per_req")]
+            instr = statistics.median(counts) / 1000 if counts else None
             line = (
                 f"{path:22} {procs or '':>5} {conns:>5} {rps:>8,.0f} {rps / direct[conns]:>8.3f} "
                 f"{p50:>8.3f} "
                 + (f"{p50 - direct_p50[conns]:>+9.3f}" if path != "direct" else f"{'':>9}")
                 + (f" {cpu:>10,.0f}" if cpu is not None else f" {'':>10}")
+                + (f" {instr:>11,.0f}" if instr is not None else f" {'':>11}")
             )
             if spread:
                 line += (
