@@ -23,19 +23,23 @@ point is measured N times, round after round, and the table shows medians and th
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Any
 
-import psutil
-
 from bench import backend, load
 from bench.machine import machine_context
 from bench.options import parse_args as bench_args
-from bench.procs import BenchError, cpu_sample, free_port, wait_listening
+from bench.procs import (
+    BenchError,
+    cpu_sample,
+    finish_instruction_count,
+    free_port,
+    start_instruction_count,
+    wait_listening,
+)
 from bench.run import SMALL_PATH, Bench, _get, say, scoped_headers
 
 PROXY_HOST = "127.0.0.4"  # the floor proxies listen here (routers: .2/.3, backends: .1.x)
@@ -115,41 +119,6 @@ def measure(bench: Bench, path: Path, conns: int, headers: dict[str, str]) -> di
         "machine_busy_cores": others,
         "errors": result.error_count,
     }
-
-
-def start_instruction_count(pids: tuple[int, ...], seconds: float) -> subprocess.Popen[str] | None:
-    """``perf stat`` counting the user-space instructions of `pids` (all their threads, and
-    a router's workers) for about as long as the load runs. Unlike CPU time, a count of
-    instructions does not grow when other processes compete for the cores, so it compares
-    proxies on a busy machine. None without perf (or without pids: direct)."""
-    perf = shutil.which("perf")
-    if perf is None or not pids:
-        return None
-    every = sorted({pid for root in pids for pid in _with_children(root)})
-    argv = [perf, "stat", "-x", ",", "-e", "instructions:u", "-p", ",".join(map(str, every))]
-    argv += ["--", "sleep", f"{seconds:g}"]
-    return subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-
-
-def finish_instruction_count(counter: subprocess.Popen[str] | None) -> float | None:
-    if counter is None:
-        return None
-    _, err = counter.communicate(timeout=60)
-    for line in err.splitlines():
-        value, _, rest = line.partition(",")
-        if "instructions" in rest and value.strip().isdigit():
-            return float(value)
-    return None
-
-
-def _with_children(pid: int) -> list[int]:
-    try:
-        proc = psutil.Process(pid)
-        return [pid, *(child.pid for child in proc.children(recursive=True))]
-    except psutil.Error:
-        return [pid]
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
