@@ -108,7 +108,8 @@ def report(rows: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> s
     base_name, this_name = rows  # the variants, in their order
 
     def median(name: str, key: str) -> float:
-        return statistics.median(_value(row, key) for row in rows[name])
+        values = [v for v in (_value(row, key) for row in rows[name]) if v == v]  # not nan
+        return statistics.median(values) if values else float("nan")
 
     lines = [
         f"one router, {args.connections} connection(s), {args.rounds} alternating rounds of "
@@ -119,6 +120,7 @@ def report(rows: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> s
         ("req/s", "rps"),
         ("p50 ms", "p50_ms"),
         ("router CPU us/req", "router_cpu_us_per_req"),
+        ("router instructions/req", "router_instructions_per_req"),
     ):
         base, this = median(base_name, key), median(this_name, key)
         lines.append(f"{label:28}{base:12,.3f}{this:12,.3f}{this / base:9.3f}")
@@ -134,8 +136,12 @@ def report(rows: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> s
 
 
 def _value(row: dict[str, Any], key: str) -> float:
-    value = row[key]
-    return float(value["CloudOne"] if isinstance(value, dict) else value)
+    """A figure of the row (CloudOne's, for per-router ones); nan when it was not measured
+    (instructions without perf)."""
+    value = row.get(key)
+    if isinstance(value, dict):
+        value = value.get("CloudOne")
+    return float("nan") if value is None else float(value)
 
 
 if __name__ == "__main__":
