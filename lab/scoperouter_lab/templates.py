@@ -218,7 +218,12 @@ lock_path = {ctx.data("locks")}
 driver = noop
 
 [vnc]
-enabled = false
+# the fake driver answers console requests with a fixed address: remote consoles can be created
+# (nova-api stores their token), no noVNC proxy runs behind the URL
+enabled = true
+server_listen = {c.back_ip}
+server_proxyclient_address = {c.back_ip}
+novncproxy_base_url = http://{c.back_ip}:6080/vnc_auto.html
 
 [glance]
 # nova-api fetches images from the image endpoint of the user's token catalog in this region
