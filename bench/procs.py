@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -191,3 +192,38 @@ def rss_max_mb(pid: int) -> float:
         except psutil.Error:
             continue
     return max(sizes, default=0) / 2**20
+
+
+def start_instruction_count(pids: tuple[int, ...], seconds: float) -> subprocess.Popen[str] | None:
+    """``perf stat`` counting the user-space instructions of `pids` (all their threads, and
+    a router's workers) for about as long as the load runs. Unlike CPU time, a count of
+    instructions does not grow when other processes compete for the cores, so it compares
+    proxies on a busy machine. None without perf (or without pids: direct)."""
+    perf = shutil.which("perf")
+    if perf is None or not pids:
+        return None
+    every = sorted({pid for root in pids for pid in _with_children(root)})
+    argv = [perf, "stat", "-x", ",", "-e", "instructions:u", "-p", ",".join(map(str, every))]
+    argv += ["--", "sleep", f"{seconds:g}"]
+    return subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+
+
+def finish_instruction_count(counter: subprocess.Popen[str] | None) -> float | None:
+    if counter is None:
+        return None
+    _, err = counter.communicate(timeout=60)
+    for line in err.splitlines():
+        value, _, rest = line.partition(",")
+        if "instructions" in rest and value.strip().isdigit():
+            return float(value)
+    return None
+
+
+def _with_children(pid: int) -> list[int]:
+    try:
+        proc = psutil.Process(pid)
+        return [pid, *(child.pid for child in proc.children(recursive=True))]
+    except psutil.Error:
+        return [pid]

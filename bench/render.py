@@ -196,20 +196,43 @@ def _log_cost(results: dict[str, Any], targets: list[report.Target]) -> str:
     if not cost:
         return ""
     lost = 1 - cost["rps_info"] / cost["rps_warning"] if cost["rps_warning"] else float("nan")
+    info_i, warn_i = cost.get("instructions_info"), cost.get("instructions_warning")
+    extra = 1 - warn_i / info_i if info_i and warn_i else None
+    # The goal is on throughput; on a machine others are using, req/s moves by more than the
+    # line costs, so the share of the router's instructions the line adds is shown too (the
+    # throughput a CPU-bound router loses to it).
+    measured = f"{lost:.1%} ({cost['rps_info']:,.0f} vs {cost['rps_warning']:,.0f} req/s)"
+    if extra is not None:
+        measured += f"; {extra:.1%} of instructions"
     targets.append(
         report.Target(
             "throughput lost to the INFO access log",
             f"<= {report.TARGET_LOG_COST:.0%}",
-            f"{lost:.1%} ({cost['rps_info']:,.0f} vs {cost['rps_warning']:,.0f} req/s)",
+            measured,
             lost <= report.TARGET_LOG_COST,
         )
     )
-    return (
-        f"[1b] the per-request log line: one router, {cost['connections']} connections, routers "
-        f"at INFO then at WARNING, back to back: {cost['rps_info']:,.0f} vs "
-        f"{cost['rps_warning']:,.0f} req/s ({lost:+.1%} lost), router CPU "
-        f"{report.fmt(cost['cpu_us_info'], 0)} vs {report.fmt(cost['cpu_us_warning'], 0)} us/req"
+    rounds = cost.get("rounds", 1)
+    line = (
+        f"[1b] the per-request log line: one router, {cost['connections']} connections, "
+        f"INFO and WARNING alternating, {rounds} point(s) each (medians): "
+        f"{cost['rps_info']:,.0f} vs {cost['rps_warning']:,.0f} req/s ({lost:+.1%} lost), "
+        f"router CPU {report.fmt(cost['cpu_us_info'], 0)} vs "
+        f"{report.fmt(cost['cpu_us_warning'], 0)} us/req"
     )
+    if "rps_info_all" in cost:
+        line += (
+            "\n    req/s per point: INFO "
+            + ", ".join(f"{v:,.0f}" for v in cost["rps_info_all"])
+            + "; WARNING "
+            + ", ".join(f"{v:,.0f}" for v in cost["rps_warning_all"])
+        )
+    if extra is not None:
+        line += (
+            f"\n    router instructions per request: {info_i / 1000:,.0f}k at INFO vs "
+            f"{warn_i / 1000:,.0f}k at WARNING: the line is {extra:.1%} of the router's work"
+        )
+    return line
 
 
 def _decision(results: dict[str, Any], targets: list[report.Target]) -> str:

@@ -9,6 +9,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -24,15 +25,18 @@ from bench.procs import (
     Proc,
     Processes,
     cpu_sample,
+    finish_instruction_count,
     free_port,
     rss_max_mb,
     rss_mb,
+    start_instruction_count,
     wait_listening,
 )
 
 TOKEN = "gAAAAABm" + "t" * 175  # the size of a Fernet token; routers do not validate it
 SMALL_PATH = "/v2/images"
 PATH_LABELS = ("direct", "one router", "two routers")
+LOG_COST_ROUNDS = 2  # per level, alternating
 
 
 def say(message: str) -> None:
@@ -254,12 +258,17 @@ class Bench:
             load.run_load(self.tool, url, conns, args.warmup, headers, self.workdir, env=env)
         watched = {f"router {n}": p.pid for n, p in self.routers.items()}
         watched["backend"] = self.backends["small"].pid
+        involved = {"direct": [], "one router": ["CloudOne"]}.get(label, ["CloudOne", "CloudTwo"])
         primed = prime_processes()
+        counter = start_instruction_count(
+            tuple(self.routers[n].pid for n in involved), args.duration
+        )
         before = cpu_sample(watched)
         rusage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         result = load.run_load(self.tool, url, conns, args.duration, headers, self.workdir, env=env)
         rusage_after = resource.getrusage(resource.RUSAGE_CHILDREN)
         after = cpu_sample(watched)
+        instructions = finish_instruction_count(counter)
         ours = {os.getpid(), *(p.pid for p in self.procs.procs)}
         for p in self.procs.procs:
             self.procs.remember_children(p)  # nginx forks its worker after listening
@@ -269,7 +278,6 @@ class Bench:
         loadgen_cpu = (rusage_after.ru_utime - rusage_before.ru_utime) + (
             rusage_after.ru_stime - rusage_before.ru_stime
         )
-        involved = {"direct": [], "one router": ["CloudOne"]}.get(label, ["CloudOne", "CloudTwo"])
         used = {n: cpu[f"router {n}"] for n in involved}
         machine_busy = (after.machine_busy - before.machine_busy) / wall
         softirq = (after.softirq - before.softirq) / wall
@@ -285,6 +293,11 @@ class Bench:
                 n: used[n] / result.requests * 1e6 if result.requests else None for n in involved
             },
             "router_cpu_cores": {n: used[n] / wall for n in involved},
+            # user-space instructions of the routers on the path per request (perf stat):
+            # unlike CPU time, not inflated by other processes competing for the cores
+            "router_instructions_per_req": (
+                instructions / result.requests if instructions and result.requests else None
+            ),
             "backend_cpu_cores": cpu["backend"] / wall,
             "loadgen_cpu_cores": loadgen_cpu / wall,
             "machine_busy_cores": machine_busy,
@@ -302,21 +315,44 @@ class Bench:
                 self.results["http"].append(self.measure(label, conns))
 
     def run_log_cost(self) -> None:
-        """The per-request INFO log line: one router at the most connections, with the routers
-        logging at INFO, then at WARNING again, back to back (the machine's drift between two
-        adjacent points is smaller than between the start and the end of the run)."""
+        """The per-request INFO log line: one router at the most connections, at WARNING and at
+        INFO in alternation, ``LOG_COST_ROUNDS`` times each (WARNING, INFO, INFO, WARNING...:
+        the machine's drift cancels out), compared by the medians."""
         conns = max(self.args.conns)
-        rows = {}
-        for level in ("INFO", "WARNING"):
-            self.stop_router("CloudOne")
-            self.start_router("CloudOne", level)
-            rows[level] = self.measure("one router", conns)
+        rows: dict[str, list[dict[str, Any]]] = {"INFO": [], "WARNING": []}
+        order = [("WARNING", "INFO"), ("INFO", "WARNING")]
+        for round_ in range(LOG_COST_ROUNDS):
+            for level in order[round_ % 2]:
+                self.stop_router("CloudOne")
+                self.start_router("CloudOne", level)
+                rows[level].append(self.measure("one router", conns))
+
+        def median(level: str, pick: Any) -> float | None:
+            values = [v for v in (pick(row) for row in rows[level]) if v is not None]
+            return statistics.median(values) if values else None
+
+        def rps(row: dict[str, Any]) -> float:
+            return float(row["rps"])
+
+        def cpu(row: dict[str, Any]) -> float | None:
+            value = row["router_cpu_us_per_req"]["CloudOne"]
+            return float(value) if value is not None else None
+
+        def instructions(row: dict[str, Any]) -> float | None:
+            value = row.get("router_instructions_per_req")
+            return float(value) if value is not None else None
+
         self.results["log_cost"] = {
             "connections": conns,
-            "rps_info": rows["INFO"]["rps"],
-            "rps_warning": rows["WARNING"]["rps"],
-            "cpu_us_info": rows["INFO"]["router_cpu_us_per_req"]["CloudOne"],
-            "cpu_us_warning": rows["WARNING"]["router_cpu_us_per_req"]["CloudOne"],
+            "rounds": LOG_COST_ROUNDS,
+            "rps_info": median("INFO", rps),
+            "rps_warning": median("WARNING", rps),
+            "rps_info_all": [rps(r) for r in rows["INFO"]],
+            "rps_warning_all": [rps(r) for r in rows["WARNING"]],
+            "cpu_us_info": median("INFO", cpu),
+            "cpu_us_warning": median("WARNING", cpu),
+            "instructions_info": median("INFO", instructions),
+            "instructions_warning": median("WARNING", instructions),
         }
 
     # ------------------------------------------------------------------ part 3

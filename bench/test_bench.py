@@ -6,6 +6,7 @@ load generator on loopback, large transfers against the backend, and teardown by
 
 from __future__ import annotations
 
+import http.client
 import json
 import sys
 from collections.abc import Mapping
@@ -14,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bench import backend, decision, federation, load, transfer
-from bench.procs import Processes, free_port, rss_mb
+from bench import backend, decision, federation, floor, load, transfer
+from bench.procs import Processes, free_port, rss_mb, wait_listening
 from scoperouter.config import build_catalog, load_catalog
 from scoperouter.routing import Forward, RequestFacts, decide
 
@@ -189,3 +190,47 @@ def test_teardown_stops_processes_and_children(procs: Processes) -> None:
     assert not proc.alive()
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
     assert rss_mb(proc.pid) != rss_mb(proc.pid)  # nan: gone
+
+
+def test_lean_floor_proxy_forwards_over_a_pooled_connection(procs: Processes) -> None:
+    """bench.floor's httptools prototype: the backend's answer, keep-alive on both sides, two
+    processes on one port, and a single upstream connection per process for many requests."""
+    host = "127.0.1.2"
+    port = free_port(host)
+    server = backend.start_asyncio(procs, [(host, port, "CloudOne")], "backend")
+    proxy_port = free_port("127.0.0.4")
+    env = backend._env_with_bench()
+    argv = [sys.executable, "-m", "bench.floor_servers", "lean", "--listen"]
+    argv += [f"127.0.0.4:{proxy_port}", "--upstream", f"http://{host}:{port}"]
+    for n in range(2):
+        proc = procs.start(f"lean-{n}", argv, env)
+        wait_listening("127.0.0.4", proxy_port, proc)
+    conn = http.client.HTTPConnection("127.0.0.4", proxy_port, timeout=10)
+    for _ in range(20):
+        conn.request("PUT", "/v2/images", body=b"x" * 1000, headers={"X-Scope": "{}"})
+        response = conn.getresponse()
+        answer = json.loads(response.read())
+        assert response.status == 200 and answer["cloud"] == "CloudOne"
+        assert answer["body_bytes"] == 1000 and answer["method"] == "PUT"
+    conn.close()
+    upstream = [
+        c
+        for c in psutil.Process(server.proc.pid).net_connections("tcp")
+        if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port
+    ]
+    assert len(upstream) == 1  # one client connection -> one process -> one pooled connection
+
+
+def test_floor_report_has_ratios_and_spread() -> None:
+    rows = [
+        {"path": p, "processes": n, "connections": 1, "rps": rps, "p50_ms": p50,
+         "cpu_us_per_req": cpu, "machine_busy_cores": 1.0}
+        for p, n, rps, p50, cpu in [
+            ("direct", 0, 10_000, 0.1, None), ("direct", 0, 12_000, 0.1, None),
+            ("router", 2, 1_000, 1.1, 1500), ("router", 2, 1_200, 1.3, 1300),
+        ]
+    ]  # fmt: skip
+    text = floor.report(rows, rounds=2)
+    router = next(line for line in text.splitlines() if line.startswith("router"))
+    assert "1,100" in router and "0.100" in router and "+1.100" in router and "1,400" in router
+    assert "1,000-1,200" in router and "1,300-1,500" in router

@@ -16,7 +16,7 @@ this module is the model it builds, with no I/O.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -35,11 +35,12 @@ class URL:
     host: str
     port: int
     path: str = ""
+    # "scheme://host:port", computed once: every forwarded request's URL starts with it.
+    base: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def base(self) -> str:
+    def __post_init__(self) -> None:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.scheme}://{host}:{self.port}"
+        object.__setattr__(self, "base", f"{self.scheme}://{host}:{self.port}")
 
     def join(self, rest: str) -> str:
         """This URL followed by `rest` (a path remainder, possibly with a query string)."""
@@ -154,6 +155,11 @@ class Settings:
     limits: Limits = field(default_factory=Limits)
     breaker: Breaker = field(default_factory=Breaker)
 
+    def __post_init__(self) -> None:
+        # routing.decide lets a request without X-Scope-Hops (0 hops) through unchecked.
+        if self.hop_limit < 1:
+            raise ValueError(f"hop_limit must be at least 1, not {self.hop_limit}")
+
     def timeouts(self, remote: bool) -> tuple[float, float]:
         """(connect, response) timeouts for a backend (remote False) or a peer router."""
         if remote:
@@ -165,15 +171,14 @@ class Memo:
     """A memo with a budget (in units the caller counts, e.g. characters), cleared whole when
     full: bounded memory whatever arrives, O(1) per operation."""
 
-    __slots__ = ("_items", "_used", "budget")
+    __slots__ = ("_items", "_used", "budget", "get")
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self._items: dict[str, Any] = {}
         self._used = 0
-
-    def get(self, key: str) -> Any:
-        return self._items.get(key)
+        # The dict's own lookup, not a method wrapping it: one is made per routed request.
+        self.get: Callable[[str], Any] = self._items.get
 
     def put(self, key: str, value: Any, cost: int) -> None:
         if cost > self.budget:
@@ -225,15 +230,17 @@ MEMO_BUDGET = 1 << 20
 
 
 _Located = tuple[Endpoint, Literal["public", "backend"], bool]
+# The prefixes published at one host:port: longest first when there are at most _SCAN_MAX of
+# them (None otherwise), and by prefix.
+_Prefixes = tuple[tuple[tuple[str, _Located], ...] | None, dict[str, _Located]]
+_SCAN_MAX = 8
 
 
 @dataclass(frozen=True)
 class Catalog:
     clouds: Mapping[str, Cloud]
     settings: Settings = field(default_factory=Settings)
-    _by_location: dict[tuple[str, int], dict[str, _Located]] = field(
-        init=False, repr=False, compare=False
-    )
+    _by_location: dict[tuple[str, int], _Prefixes] = field(init=False, repr=False, compare=False)
     _by_target: dict[tuple[str, str, str], Endpoint] = field(init=False, repr=False, compare=False)
     service_types: frozenset[str] = field(init=False, compare=False)
     # Memo for pure functions of this catalog (routing's prepared scopes). Lives and dies with
@@ -260,7 +267,19 @@ class Catalog:
                     prefixes = by_location[(url.host, url.port)]
                     if bare != url.path and bare not in prefixes:
                         prefixes[bare] = (ep, kind, True)
-        object.__setattr__(self, "_by_location", by_location)
+        object.__setattr__(
+            self,
+            "_by_location",
+            {
+                location: (
+                    tuple(sorted(prefixes.items(), key=lambda item: -len(item[0])))
+                    if len(prefixes) <= _SCAN_MAX
+                    else None,
+                    prefixes,
+                )
+                for location, prefixes in by_location.items()
+            },
+        )
         object.__setattr__(self, "_by_target", by_target)
         object.__setattr__(self, "service_types", frozenset(st for _, st, _ in by_target))
         types_of: dict[str, set[str]] = {}
@@ -271,12 +290,29 @@ class Catalog:
         )
 
     def match(self, host: str, port: int, path: str) -> Match | None:
-        """The endpoint whose URL is the longest segment prefix of `path` at host:port."""
-        prefixes = self._by_location.get((host.lower(), port))
-        if prefixes is None:
+        """The endpoint whose URL is the longest segment prefix of `path` at host:port.
+
+        "Segment prefix": "/image" matches "/image", "/image/x" and "/image?x", never
+        "/images". Few prefixes at one address (the usual case: one service per port) are
+        tried longest first; many (a gateway publishing many services on one port) are found
+        by walking the path's own segment prefixes down, one dict lookup each, so the cost is
+        bounded by the path's depth rather than by the size of the catalog."""
+        located = self._by_location.get((host, port))
+        if located is None:  # hosts are indexed in lower case (a frontend's host already is)
+            located = self._by_location.get((host.lower(), port))
+            if located is None:
+                return None
+        ordered, prefixes = located
+        if ordered is not None:
+            for prefix, (endpoint, kind, versionless) in ordered:
+                if not prefix:  # the root: last, as the shortest
+                    return Match(endpoint, kind, path, versionless)
+                if path.startswith(prefix):
+                    end = len(prefix)
+                    if len(path) == end or path[end] in "/?":
+                        return Match(endpoint, kind, path[end:], versionless)
             return None
-        # Candidates are segment prefixes of the path ("/v2/images/x" -> "/v2/images" -> "/v2"
-        # -> ""), so "/image" never matches "/images"; each is one dict lookup.
+        # "/v2/images/x" -> "/v2/images" -> "/v2" -> ""
         candidate = path.partition("?")[0].rstrip("/")
         while True:
             hit = prefixes.get(candidate)

@@ -41,6 +41,7 @@ from scoperouter.scope import (
     FOLLOWS,
     SCOPE_SEPARATOR,
     CloudName,
+    Expr,
     Scope,
     ScopeError,
     clouds_of,
@@ -112,6 +113,14 @@ class Prepared:
     scope: Scope
     json: str  # scope.to_json(), sent on the token and in X-Scope
     unfollowed: frozenset[str]  # service types whose requests cannot honour this scope
+    # What decide() needs per request, computed once per scope text: the entries as a plain
+    # dict, and the text appended to the bare token ("!SCOPE!" + json).
+    entries: dict[str, Expr] = field(init=False, repr=False, compare=False)
+    token_suffix: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "entries", dict(self.scope.items()))
+        object.__setattr__(self, "token_suffix", SCOPE_SEPARATOR + self.json)
 
 
 def _prepared_scope(text: str, catalog: Catalog, local_cloud: str) -> Prepared | str:
@@ -158,7 +167,8 @@ def hop_count(headers: Mapping[str, str], catalog: Catalog) -> int | Reject:
 def decide(facts: RequestFacts, catalog: Catalog, local_cloud: str) -> Decision:
     """The routing decision for one request (pure; see the module docstring for the rules)."""
     headers = facts.headers
-    hops = hop_count(headers, catalog)
+    # No X-Scope-Hops: a client's request, the common case (hop_limit is at least 1).
+    hops = 0 if HOPS_HEADER not in headers else hop_count(headers, catalog)
     if isinstance(hops, Reject):
         return hops
     match = catalog.match(facts.host, facts.port, facts.path)
@@ -169,23 +179,34 @@ def decide(facts: RequestFacts, catalog: Catalog, local_cloud: str) -> Decision:
     # Keystone must only ever see its own tokens: strip the scope from the subject token on
     # every path, scoped or not.
     subject = headers.get(SUBJECT_TOKEN)
-    base_headers: dict[str, str] = {HOPS_HEADER: str(hops + 1)}
+    base_headers: dict[str, str] = {
+        HOPS_HEADER: _HOP_TEXT[hops + 1] if hops < _HOP_TEXT_MAX else str(hops + 1)
+    }
     if subject is not None and SCOPE_SEPARATOR in subject:
         base_headers[SUBJECT_TOKEN] = split_token(subject)[0]
-    token, scope_text, source = _find_scope(headers, endpoint.service_type)
+    service_type = endpoint.service_type
+    # The scope: on the token (the common case), else in X-Scope, else on X-Subject-Token.
+    token: str | None = None
+    scope_text: str | None = None
+    found = ""
+    auth = headers.get(AUTH_TOKEN)
+    if auth is not None:
+        token, found, scope_text = auth.partition(SCOPE_SEPARATOR)
+        source = "X-Auth-Token"
+    if not found:
+        scope_text, source = _other_scope(headers, service_type)
     if scope_text is None:
         return _unscoped(match, catalog, local_cloud, base_headers, headers)
 
-    prepared = _prepared_scope(scope_text, catalog, local_cloud)
-    if isinstance(prepared, str):
+    prepared = catalog.memo.get(scope_text) or _prepared_scope(scope_text, catalog, local_cloud)
+    if type(prepared) is str:
         return Reject(400, f"invalid scope in {source}: {prepared}")
-    completed = prepared.scope
-    service_type = endpoint.service_type
+    assert isinstance(prepared, Prepared)
     if service_type in prepared.unfollowed:
-        return _unfollowed(completed, service_type)
+        return _unfollowed(prepared.scope, service_type)
     # A service neither the scope nor this cloud names: the cloud the client addressed.
-    expr = completed.get(service_type) or CloudName(endpoint.cloud)
-    if not isinstance(expr, CloudName):
+    expr = prepared.entries.get(service_type) or CloudName(endpoint.cloud)
+    if type(expr) is not CloudName:
         return Reject(
             501,
             f"scope for {service_type!r} is {format_expression(expr)!r}: combining clouds "
@@ -194,10 +215,10 @@ def decide(facts: RequestFacts, catalog: Catalog, local_cloud: str) -> Decision:
     target = expr.name
     interface = endpoint.interface
 
-    set_headers = {SCOPE_HEADER: prepared.json, **base_headers}
+    base_headers[SCOPE_HEADER] = prepared.json
     if token is not None:
-        set_headers[AUTH_TOKEN] = (
-            token if service_type == IDENTITY else f"{token}{SCOPE_SEPARATOR}{prepared.json}"
+        base_headers[AUTH_TOKEN] = (
+            token if service_type == IDENTITY else token + prepared.token_suffix
         )
 
     if target == local_cloud:
@@ -208,19 +229,32 @@ def decide(facts: RequestFacts, catalog: Catalog, local_cloud: str) -> Decision:
         )
         if local is None:  # _validate checked the cloud offers the service; be safe anyway
             return Reject(400, f"{local_cloud} has no {service_type} service")
-        return _to_backend(match, local, set_headers, completed)
+        return _to_backend(match, local, base_headers, prepared.scope)
 
     remote = catalog.endpoint(target, service_type, interface)
     if remote is None:
         return Reject(400, f"{target} has no {service_type} service")
-    return _to_router(match, remote, set_headers, headers, catalog, local_cloud, completed)
+    return _to_router(match, remote, base_headers, headers, catalog, local_cloud, prepared.scope)
+
+
+# X-Scope-Hops values, made once (a hop count is small: hop_limit is 8 by default).
+_HOP_TEXT_MAX = 64
+_HOP_TEXT = tuple(str(n) for n in range(_HOP_TEXT_MAX + 1))
+
+# Forward(...) with keyword arguments makes Python pack them into a dict before calling
+# __init__ (a class call has no fast path for keywords): ~4x the cost of the object itself.
+# Calling the same __init__ on a new object directly is the same construction, without it.
+_new = object.__new__
+_init_forward = Forward.__init__
 
 
 def _to_backend(
     match: Match, local: Endpoint, set_headers: dict[str, str], scope: Scope | None = None
 ) -> Forward:
     """Deliver to a backend of this cloud."""
-    return Forward(
+    forward: Forward = _new(Forward)
+    _init_forward(
+        forward,
         cloud=local.cloud,
         service_type=local.service_type,
         interface=local.interface,
@@ -229,6 +263,7 @@ def _to_backend(
         set_headers=set_headers,
         scope=scope,
     )
+    return forward
 
 
 def _to_router(
@@ -242,7 +277,9 @@ def _to_router(
 ) -> Forward:
     """Send to another cloud's router, marking the identity edits the proxy must make."""
     swaps, region = _identity_edits(headers, remote.service_type, catalog, local_cloud)
-    return Forward(
+    forward: Forward = _new(Forward)
+    _init_forward(
+        forward,
         cloud=remote.cloud,
         service_type=remote.service_type,
         interface=remote.interface,
@@ -253,26 +290,19 @@ def _to_router(
         swap_tokens=swaps,
         catalog_region=region,
     )
+    return forward
 
 
-def _find_scope(
-    headers: Mapping[str, str], service_type: str
-) -> tuple[str | None, str | None, str]:
-    """(bare token or None, scope text or None, which header it came from)."""
-    token: str | None = None
-    auth = headers.get(AUTH_TOKEN)
-    if auth is not None:
-        token, scope_text = split_token(auth)
-        if scope_text is not None:
-            return token, scope_text, "X-Auth-Token"
+def _other_scope(headers: Mapping[str, str], service_type: str) -> tuple[str | None, str]:
+    """The scope of a request whose token carries none: (scope text or None, its header)."""
     scope_header = headers.get(SCOPE_HEADER)
     if scope_header is not None:
-        return token, scope_header, "X-Scope"
+        return scope_header, "X-Scope"
     if service_type == IDENTITY and (subject := headers.get(SUBJECT_TOKEN)) is not None:
         _, scope_text = split_token(subject)
         if scope_text is not None:
-            return token, scope_text, "X-Subject-Token"
-    return token, None, ""
+            return scope_text, "X-Subject-Token"
+    return None, ""
 
 
 def _validate(scope: Scope, catalog: Catalog) -> str | None:
@@ -335,19 +365,22 @@ def _identity_edits(
 ) -> tuple[frozenset[str], str | None]:
     """For a request leaving this cloud: which tokens to swap, and whether to rewrite the
     catalog region of a token validation's answer (see Forward.swap_tokens/catalog_region)."""
-    swaps: set[str] = set()
-    region = None
-    if SERVICE_TOKEN in headers:
-        swaps.add(SERVICE_TOKEN)
+    swaps = _SWAP_SERVICE if SERVICE_TOKEN in headers else _NO_SWAPS
+    if service_type != IDENTITY:
+        return swaps, None
     subject = headers.get(SUBJECT_TOKEN)
     auth = headers.get(AUTH_TOKEN)
-    if service_type == IDENTITY and subject is not None and auth is not None:
-        # A local service (keystonemiddleware) validating a token another cloud issued: its own
-        # token means nothing there. A client validating its own token needs no swap.
-        if split_token(auth)[0] != split_token(subject)[0]:
-            swaps.add(AUTH_TOKEN)
-        region = catalog.clouds[local_cloud].region
-    return frozenset(swaps), region
+    if subject is None or auth is None:
+        return swaps, None
+    # A local service (keystonemiddleware) validating a token another cloud issued: its own
+    # token means nothing there. A client validating its own token needs no swap.
+    if split_token(auth)[0] != split_token(subject)[0]:
+        swaps = swaps | {AUTH_TOKEN}
+    return swaps, catalog.clouds[local_cloud].region
+
+
+_NO_SWAPS: frozenset[str] = frozenset()
+_SWAP_SERVICE = frozenset({SERVICE_TOKEN})
 
 
 def _no_service(facts: RequestFacts, local_cloud: str) -> Reject:

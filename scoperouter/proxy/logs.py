@@ -10,28 +10,59 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
+from json.encoder import encode_basestring
 from typing import Any
 
 FIELDS = "fields"  # the `extra` key of structured fields
 # One encoder for all lines: json.dumps with options builds a new one per call.
-_ENCODER = json.JSONEncoder(ensure_ascii=False, default=str, check_circular=False)
+_ENCODER = json.JSONEncoder(
+    ensure_ascii=False, default=str, check_circular=False, separators=(",", ":")
+)
+# A JSON string, quoted and escaped, as _ENCODER writes it (non-ASCII kept): json's C function.
+_quote: Callable[[str], str] = encode_basestring
+_isfinite = math.isfinite
+
+
+def _json_value(value: Any) -> str:
+    """`value` as _ENCODER would write it; strings and integers (most fields) without it."""
+    kind = type(value)
+    if kind is str:
+        return _quote(value)
+    if kind is int:
+        return int.__repr__(value)
+    if kind is float and _isfinite(value):
+        return float.__repr__(value)  # json's own choice for a finite float
+    if value is None:
+        return "null"
+    return _ENCODER.encode(value)
 
 
 class JsonFormatter(logging.Formatter):
     """``{"ts": ..., "level": ..., "logger": ..., "msg": ..., **fields}`` on one line.
 
-    Cheap enough for a line per request: the timestamp's text is made once per second."""
+    Cheap enough for a line per request (the access log writes one): the line is written as
+    text, not built as a dict and encoded. What is the same on every line of a logger (level,
+    logger name, the static fields) is encoded once; the timestamp's text once per second;
+    field names once each; field values of the common kinds (str, int, None) by json's C
+    string escaper. The output is the JSON ``_ENCODER.encode`` makes of the same entry (a test
+    holds it to that)."""
 
     def __init__(self, static: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.static = dict(static or {})
         self._second = -1
         self._prefix = ""
+        # (level name, logger name) -> ',"level":...,"msg":' (bounded: few of each exist)
+        self._heads: dict[tuple[str, str], str] = {}
+        self._keys: dict[str, str] = {}  # field name -> ',"name":'
+        self._reserved = frozenset({"ts", "level", "logger", "msg", "exc", *self.static})
 
     def _timestamp(self, created: float) -> str:
         second = int(created)
@@ -41,6 +72,35 @@ class JsonFormatter(logging.Formatter):
         return f"{self._prefix}.{int((created - second) * 1000):03d}Z"
 
     def format(self, record: logging.LogRecord) -> str:
+        fields: dict[str, Any] | None = record.__dict__.get(FIELDS)
+        if record.exc_info or (fields and not self._reserved.isdisjoint(fields)):
+            return self._format_entry(record, fields)
+        head = self._heads.get((record.levelname, record.name)) or self._head(record)
+        parts = ['{"ts":"', self._timestamp(record.created), head, _quote(record.getMessage())]
+        if fields:
+            keys, add = self._keys, parts.append
+            for name, value in fields.items():
+                add(keys.get(name) or self._key(name))
+                add(_quote(value) if type(value) is str else _json_value(value))
+        parts.append("}")
+        return "".join(parts)
+
+    def _head(self, record: logging.LogRecord) -> str:
+        """The encoded text between the timestamp and the message, for this level and logger."""
+        entry = {"level": record.levelname, "logger": record.name, **self.static}
+        head = '",' + _ENCODER.encode(entry)[1:-1] + ',"msg":'
+        if len(self._heads) < 256:
+            self._heads[(record.levelname, record.name)] = head
+        return head
+
+    def _key(self, name: str) -> str:
+        key = "," + _quote(name) + ":"
+        if len(self._keys) < 1024:
+            self._keys[name] = key
+        return key
+
+    def _format_entry(self, record: logging.LogRecord, fields: dict[str, Any] | None) -> str:
+        """The general case (an exception, a field named like a base key): as a dict."""
         entry: dict[str, Any] = {
             "ts": self._timestamp(record.created),
             "level": record.levelname,
@@ -48,7 +108,6 @@ class JsonFormatter(logging.Formatter):
             **self.static,
             "msg": record.getMessage(),
         }
-        fields = record.__dict__.get(FIELDS)
         if fields:
             entry.update(fields)
         if record.exc_info:

@@ -5,11 +5,15 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from scoperouter.catalog import Catalog, parse_url
+from scoperouter import catalog as catalog_module
+from scoperouter.catalog import Catalog, Cloud, Endpoint, Settings, parse_url, strip_version
 from scoperouter.config import build_catalog, load_catalog
 from scoperouter.errors import ConfigError
 
@@ -259,3 +263,70 @@ def test_parse_url(text: str, expected: tuple[str, str, int, str]) -> None:
 def test_parse_url_refuses(text: str) -> None:
     with pytest.raises(ValueError):
         parse_url(text)
+
+
+def test_hop_limit_is_at_least_one() -> None:
+    with pytest.raises(ValueError, match="hop_limit must be at least 1"):
+        Settings(hop_limit=0)
+
+
+# Many prefixes at one address (a gateway publishing every service on port 80): found by
+# walking the path's segments when there are more than catalog._SCAN_MAX, by trying them
+# longest first otherwise. Both must find what the definition says.
+_GATEWAY_PATHS = ("", "/image", "/image/v2", "/compute/v2.1", "/compute", "/identity/v3")
+_GATEWAY_PATHS += ("/a", "/a/b/c", "/volume/v3", "/placement", "/x.y")
+
+
+def _gateway(paths: tuple[str, ...]) -> Catalog:
+    endpoints = tuple(
+        Endpoint(
+            cloud="One",
+            service_type=f"s{i}",
+            interface="public",
+            url=parse_url(f"http://gw.example{path}"),
+            backend=parse_url(f"http://127.0.1.2:{9000 + i}{path}"),
+        )
+        for i, path in enumerate(paths)
+    )
+    return Catalog({"One": Cloud(name="One", region="R", frontends=(), endpoints=endpoints)})
+
+
+def _reference(paths: tuple[str, ...], path: str) -> tuple[str, str] | None:
+    """(service type, rest) of the longest published path that is a segment prefix of
+    `path`, by the definition; version-less forms ("/compute/v2.1" also answers at "/compute")
+    count when no endpoint publishes that path itself."""
+    published = {p: (f"s{i}", False) for i, p in enumerate(paths)}
+    for i, p in enumerate(paths):
+        bare = strip_version(p)
+        published.setdefault(bare, (f"s{i}", True))
+    bare_path = path.partition("?")[0].rstrip("/")
+    hits = [p for p in published if not p or bare_path == p or bare_path.startswith(p + "/")]
+    if not hits:
+        return None
+    best = max(hits, key=len)
+    return published[best][0], path[len(best) :]
+
+
+_SEGMENTS = st.sampled_from(["image", "v2", "compute", "v2.1", "a", "b", "c", "x.y", "x", ""])
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    segments=st.lists(_SEGMENTS, max_size=5),
+    trailing=st.sampled_from(["", "/", "//"]),
+    query=st.sampled_from(["", "?", "?q=/a/b", "?limit=20"]),
+    count=st.sampled_from([1, 3, len(_GATEWAY_PATHS)]),
+)
+def test_match_is_the_longest_segment_prefix(
+    segments: list[str], trailing: str, query: str, count: int
+) -> None:
+    paths = _GATEWAY_PATHS[:count]
+    path = "/" + "/".join(segments) + trailing + query
+    for scan_max in (0, 100):  # the walk, then the scan
+        with patch.object(catalog_module, "_SCAN_MAX", scan_max):
+            cat = _gateway(paths)
+        m = cat.match("gw.example", 80, path)
+        expected = _reference(paths, path)
+        assert (None if m is None else (m.endpoint.service_type, m.rest)) == expected, scan_max
+        backend = cat.match("127.0.1.2", 9000, path)  # one prefix at that address
+        assert (backend is not None) == (paths[0] == "" or _reference(paths[:1], path) is not None)

@@ -7,6 +7,9 @@ import json
 import logging
 import time
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from scoperouter.proxy.logs import FIELDS, BatchingHandler, JsonFormatter, TextFormatter
 
 
@@ -73,3 +76,39 @@ def test_a_broken_stream_never_breaks_the_caller() -> None:
     stream.close()
     handler.handle(record(logging.ERROR))  # no exception
     handler.flush()
+
+
+_VALUES = (
+    st.text()
+    | st.integers()
+    | st.floats()
+    | st.booleans()
+    | st.none()
+    | st.lists(st.integers(), max_size=3)
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    fields=st.dictionaries(
+        st.sampled_from(["request_id", "path", "status", "ms", "msg", "router", "x", "é"])
+        | st.text(max_size=8),
+        _VALUES,
+        max_size=8,
+    ),
+    message=st.text(max_size=20),
+    logger=st.sampled_from(["scoperouter.access", "scoperouter", 'a"b\\c']),
+)
+def test_json_lines_are_what_the_encoder_makes_of_the_entry(
+    fields: dict[str, object], message: str, logger: str
+) -> None:
+    """The formatter writes lines as text (cheap); each must be the JSON that encoding the
+    whole entry as a dict gives: same text, so same keys, values, order and escapes."""
+    formatter = JsonFormatter({"router": "CloudOne", "pid": 7})
+    rec = logging.getLogger(logger).makeRecord(
+        logger, logging.INFO, "", 0, "%s", (message,), None, extra={FIELDS: fields}
+    )
+    line = formatter.format(rec)
+    assert line == formatter._format_entry(rec, fields)
+    assert formatter.format(rec) == line  # the cached parts give the same line again
+    assert "\n" not in line

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -167,6 +168,9 @@ def test_forward_mode_catalog_destinations(catalog: Catalog) -> None:
         (facts(x_scope_hops="8"), 508, "no backend is a router"),
         (facts(x_scope_hops="²"), 400, "invalid x-scope-hops"),
         (facts(x_scope_hops="-1"), 400, "invalid x-scope-hops"),
+        # The separator with nothing after it is a scope, an empty (invalid) one: not a token
+        # to pass on, nor a reason to look for the scope elsewhere.
+        (facts(x_auth_token="t!SCOPE!", x_scope=FULL), 400, "invalid scope in X-Auth-Token"),
     ],
 )
 def test_rejections(catalog: Catalog, f: RequestFacts, status: int, fragment: str) -> None:
@@ -384,3 +388,19 @@ def test_the_memo_has_a_budget(catalog: Catalog) -> None:
         used += len(text)
     assert used > MEMO_BUDGET  # more than the budget went through ...
     assert len(catalog.memo) < 3000  # ... and the memo was cleared on the way
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        facts(x_auth_token="tok"),
+        facts(x_auth_token=f"tok!SCOPE!{FULL}"),
+        facts(x_scope='{"image": "CloudOne"}'),
+        facts("/v3/auth/tokens", 5000, x_auth_token="a", x_subject_token=f"b!SCOPE!{FULL}"),
+    ],
+)
+def test_every_field_of_a_forward_is_set(catalog: Catalog, f: RequestFacts) -> None:
+    """decide() builds Forward without its keyword call (routing._to_backend): the result must
+    be the object the keyword call makes, every field set."""
+    d = forward(catalog, f)
+    assert Forward(**dataclasses.asdict(d) | {"scope": d.scope}) == d
