@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dockerfile_parse import DockerfileParser
+from dockerfile_parse import DockerfileParser  # type: ignore[import-untyped]
 
 REPO = Path(__file__).resolve().parents[2]
 CONTAINERFILE = REPO / "Containerfile"

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ import pytest
 import yaml
 
 from scoperouter.broker.config import config_from_dict
+from tests.deploy.test_router_role import _ansible  # finds any .venv-deploy tool
 
 pytestmark = pytest.mark.deploy
 
@@ -47,21 +47,10 @@ OPERATOR_SECRETS = {
 IMAGE_UID = 10001
 
 
-def _tool(name: str) -> str:
-    for candidate in (REPO / ".venv-deploy" / "bin" / name, shutil.which(name)):
-        if candidate and Path(candidate).exists():
-            return str(candidate)
-    pytest.fail(
-        f"{name} not found: python3 -m venv .venv-deploy && "
-        ".venv-deploy/bin/pip install -r playbooks/requirements.txt",
-        pytrace=False,
-    )
-
-
 @cache
 def _render(overlay: str) -> tuple[dict[str, Any], ...]:
     proc = subprocess.run(
-        [_tool("kubectl"), "kustomize", str(KUBERNETES / "overlays" / overlay)],
+        [_ansible("kubectl"), "kustomize", str(KUBERNETES / "overlays" / overlay)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -72,7 +61,7 @@ def _render(overlay: str) -> tuple[dict[str, Any], ...]:
 
 @cache
 def _newest_schema() -> str:
-    python = Path(_tool("kubernetes-validate")).with_name("python")
+    python = Path(_ansible("kubernetes-validate")).with_name("python")
     proc = subprocess.run(
         [str(python), "-c", "import kubernetes_validate as k; print(k.latest_version())"],
         capture_output=True,
@@ -86,7 +75,7 @@ def _newest_schema() -> str:
 def _validate(objects: Any, version: str, path: Path) -> subprocess.CompletedProcess[str]:
     path.write_text(yaml.safe_dump_all(list(objects)))
     return subprocess.run(
-        [_tool("kubernetes-validate"), "--strict", "-k", version, str(path)],
+        [_ansible("kubernetes-validate"), "--strict", "-k", version, str(path)],
         capture_output=True,
         text=True,
         timeout=120,
