@@ -181,7 +181,7 @@ def test_first_run_installs_migrates_and_starts_a_working_broker(deployment: Dep
     for name in ("scoperouter-broker-test.env", "secure.yaml", "clouds.yaml"):
         assert (deployment.etc / name).stat().st_mode & 0o777 == 0o600, name
     env = (deployment.etc / "scoperouter-broker-test.env").read_text()
-    assert PASSWORD in env and FERNET_KEY in env and env.count("\n") >= 2
+    assert PASSWORD in env and FERNET_KEY in env
     assert (deployment.etc / "scoperouter-broker-test.env").owner() == "root"
     assert CLOUD_SECRET in (deployment.etc / "secure.yaml").read_text()
     for name in ("broker.yaml", "clouds.yaml", "scoperouter-broker-test.service"):
