@@ -205,15 +205,28 @@ def _write(path: Path, text: str, mode: int) -> None:
 
 
 def run_pytest(
-    d: Path, ids: Sequence[str], root: Path, report: Path, out: TextIO, timeout: float
+    d: Path,
+    ids: Sequence[str],
+    root: Path,
+    report: Path,
+    out: TextIO,
+    timeout: float,
+    jobs: int = 1,
 ) -> int:
-    """One pytest process over `ids` (node ids, maybe -k) in directory `d`; its output goes to
-    `out` and a log beside the report."""
+    """One pytest run over `ids` (node ids, maybe -k) in directory `d`; its output goes to
+    `out` and a log beside the report.
+
+    With `jobs` > 1 the tests run in that many pytest-xdist workers, a test module per worker
+    at a time (``--dist loadfile``: the suites' class-level fixtures stay in one process), as
+    OpenStack's gate runs these suites (stestr, one worker per CPU): they are written to run
+    concurrently, and a CLI process per command makes python-openstackclient's suite CPU-bound."""
     # pytest-timeout: no test can hang a run (openstacksdk's own timeout is not always heard)
     deselect = [arg for nid in NOT_RUN for arg in ("--deselect", nid)]  # as pytest ids them
     argv = [sys.executable, "-m", "pytest", "-c", str(d / "pytest.ini"), "--rootdir", str(root)]
     argv += ["-p", "no:cacheprovider", "-q", "-rN", "--report-log", str(report)]
     argv += ["--timeout", str(TEST_TIMEOUT), *deselect, *ids]
+    if jobs > 1:
+        argv += ["-n", str(jobs), "--dist", "loadfile"]
     log = report.with_suffix(".log")
     with open(log, "w", buffering=1) as logf:
         proc = subprocess.Popen(
@@ -310,6 +323,7 @@ def run_modes(
     timeout: float,
     clean: bool,
     keyword: str | None = None,
+    jobs: int = 1,
 ) -> tuple[dict[str, Results], dict[str, int], dict[str, float]]:
     root = site_root()
     by_mode: dict[str, Results] = {}
@@ -329,7 +343,7 @@ def run_modes(
         t = time.monotonic()
         report = d / "results.jsonl"
         args = [f"{root}/{i}" for i in ids] + (["-k", keyword] if keyword else [])
-        codes[mode] = run_pytest(d, args, root, report, out, timeout)
+        codes[mode] = run_pytest(d, args, root, report, out, timeout, jobs)
         took[mode] = time.monotonic() - t
         by_mode[mode] = parse_report_log(report) if report.is_file() else {}
         s = summarize(by_mode[mode])
@@ -487,6 +501,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--timeout", type=float, default=3600, metavar="SECONDS", help="per mode (default: 3600)"
     )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        metavar="N",
+        help="pytest-xdist workers per mode, one test module each at a time (default: the "
+        "number of CPUs; 1 runs in one process). A re-run of a difference is always serial",
+    )
     p.add_argument("--no-cleanup", action="store_true", help="do not delete what the suites leaked")
     p.add_argument(
         "--cleanup-only",
@@ -544,6 +566,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             args.timeout,
             clean=not args.no_cleanup,
             keyword=args.keyword,
+            jobs=args.jobs,
         )
     except (ConfigMissing, ModeBroken) as exc:
         out.write(f"the lab cannot run the suites: {exc}\n")

@@ -280,3 +280,26 @@ def test_cli_lists_the_selection_and_refuses_unknown_modes() -> None:
     with pytest.raises(SystemExit) as exc:
         main(["--help"], out=io.StringIO())
     assert exc.value.code == 0
+
+
+def test_jobs_run_test_modules_in_xdist_workers_and_keep_the_report(tmp_path: Path) -> None:
+    """--jobs 2: two modules run in two pytest-xdist workers (``--dist loadfile``) and the
+    report log still holds every test, as the comparison needs."""
+    pytest.importorskip("xdist")
+    from tests.peer.runner import run_pytest
+
+    for name in ("a", "b"):
+        (tmp_path / f"test_{name}.py").write_text(
+            "import os\n\n"
+            f"def test_{name}_one():\n    assert os.environ['PYTEST_XDIST_WORKER']\n\n"
+            f"def test_{name}_two():\n    assert os.environ['PYTEST_XDIST_WORKER']\n"
+        )
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    report, out = tmp_path / "r.jsonl", io.StringIO()
+    code = run_pytest(tmp_path, ["test_a.py", "test_b.py"], tmp_path, report, out, 120, jobs=2)
+    results = parse_report_log(report)
+    assert code == 0, out.getvalue()
+    assert sorted(t.rsplit(".", 1)[-1] for t in results) == [
+        "test_a_one", "test_a_two", "test_b_one", "test_b_two"
+    ]  # fmt: skip
+    assert {r.status for r in results.values()} == {Status.PASSED}
