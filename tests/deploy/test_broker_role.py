@@ -1,0 +1,262 @@
+"""playbooks/roles/scoperouter_broker applied for real to this machine (ansible_connection=local)
+on SQLite, in its plain mode (PID 1 here is not systemd): the broker it installs, migrates and
+starts answers `GET /v2/catalog` with the configured basic auth (and 401 without); a second run
+changes nothing; --check --diff works; an override is merged and restarts the broker; the
+secrets (password, Fernet key, a cloud's secret) never reach Ansible's output and sit in mode
+0600 files; the rendered unit passes `systemd-analyze verify`.
+
+Slow (a virtualenv with the broker's dependencies is built, ~1-2 minutes) and root-only (a
+system user is created): selected with `pytest -m deploy`. Ansible comes from
+`<repo>/.venv-deploy`, else PATH (the helpers are test_router_role's).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cryptography.fernet import Fernet
+
+from scoperouter import __version__
+from tests.deploy.test_router_role import _ansible, _changed, _free_port, _unchanged
+
+pytestmark = pytest.mark.deploy
+
+REPO = Path(__file__).resolve().parents[2]
+PLAYBOOKS = REPO / "playbooks"
+HOST = "127.0.7.2"
+PASSWORD = f"osb-{uuid.uuid4().hex}"
+FERNET_KEY = Fernet.generate_key().decode()
+CLOUD_SECRET = f"s3cr3t-{uuid.uuid4().hex}"
+
+
+@dataclass
+class Deployment:
+    base: Path
+    port: int
+    inventory: Path
+
+    def run(self, *extra: str, overrides: dict[str, Any] | None = None) -> str:
+        argv = [_ansible("ansible-playbook"), "-i", str(self.inventory), "broker.yml", *extra]
+        if overrides is not None:
+            argv += ["-e", json.dumps({"scoperouter_broker_config_overrides": overrides})]
+        env = {**os.environ, "ANSIBLE_CONFIG": str(PLAYBOOKS / "ansible.cfg")}
+        proc = subprocess.run(
+            argv, cwd=PLAYBOOKS, capture_output=True, text=True, timeout=900, env=env
+        )
+        output = proc.stdout + proc.stderr
+        assert proc.returncode == 0, output[-6000:]
+        return output
+
+    @property
+    def etc(self) -> Path:
+        return self.base / "etc"
+
+    @property
+    def ctl(self) -> Path:
+        return self.etc / "scoperouter-broker-test-ctl"
+
+    def pid(self) -> int:
+        return int((self.base / "run" / "scoperouter-broker-test.pid").read_text())
+
+    def catalog(self, password: str | None = PASSWORD) -> tuple[int, dict[str, Any]]:
+        headers = {"X-Broker-API-Version": "2.17"}
+        if password is not None:
+            token = base64.b64encode(f"osb-admin:{password}".encode()).decode()
+            headers["Authorization"] = f"Basic {token}"
+        request = urllib.request.Request(f"http://{HOST}:{self.port}/v2/catalog", headers=headers)
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(request, timeout=30) as resp:
+                return resp.status, dict(json.load(resp))
+        except urllib.error.HTTPError as exc:
+            return exc.code, dict(json.load(exc))
+
+
+@pytest.fixture(scope="module")
+def deployment() -> Iterator[Deployment]:
+    if os.geteuid() != 0:
+        pytest.skip("the role creates a system user: run as root")
+    base = Path(f"/tmp/scoperouter-broker-role-{uuid.uuid4().hex[:8]}")
+    base.mkdir(mode=0o755)
+    wheels = base / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(REPO)],
+        check=True,
+        timeout=300,
+    )
+    port = _free_port(HOST)
+    host_vars = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "scoperouter_broker_package": f"scoperouter[broker]=={__version__}",
+        "scoperouter_broker_pip_environment": {"PIP_FIND_LINKS": str(wheels)},
+        "scoperouter_broker_venv": str(base / "venv"),
+        "scoperouter_broker_etc_dir": str(base / "etc"),
+        "scoperouter_broker_home": str(base / "home"),
+        "scoperouter_broker_run_dir": str(base / "run"),
+        "scoperouter_broker_log_dir": str(base / "log"),
+        "scoperouter_broker_service_name": "scoperouter-broker-test",
+        "scoperouter_broker_service_mode": "plain",
+        "scoperouter_broker_password": PASSWORD,
+        "scoperouter_broker_secret_keys": [FERNET_KEY],
+        "scoperouter_broker_clouds": {
+            "broker-at-testone": {
+                "region_name": "TestOne",
+                "auth_type": "password",
+                "auth": {
+                    "auth_url": "http://127.0.7.9:5000/v3",
+                    "username": "broker",
+                    "project_name": "admin",
+                    "user_domain_name": "Default",
+                    "project_domain_name": "Default",
+                },
+            }
+        },
+        "scoperouter_broker_secure": {"broker-at-testone": {"auth": {"password": CLOUD_SECRET}}},
+        "scoperouter_broker_config_overrides": {
+            "listen": f"{HOST}:{port}",
+            "auth": {"username": "osb-admin"},
+            "clouds": {"TestOne": {"entry": "broker-at-testone"}},
+            "worker": {"threads": 1},
+            "services": {
+                "openstack-project": {
+                    "default_cloud": "TestOne",
+                    "plans": [{"name": "standard", "description": "A project in TestOne"}],
+                }
+            },
+        },
+    }
+    inventory = base / "inventory.yml"
+    inventory.write_text(
+        yaml.safe_dump(
+            {"all": {"children": {"scoperouter_broker": {"hosts": {"localhost": host_vars}}}}}
+        )
+    )
+    deployment = Deployment(base, port, inventory)
+    try:
+        yield deployment
+    finally:
+        if deployment.ctl.exists():
+            subprocess.run([str(deployment.ctl), "stop"], check=False, timeout=60)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _services(catalog: dict[str, Any]) -> dict[str, list[str]]:
+    return {s["name"]: [p["name"] for p in s["plans"]] for s in catalog["services"]}
+
+
+def test_first_run_installs_migrates_and_starts_a_working_broker(deployment: Deployment) -> None:
+    output = deployment.run("--diff", "-v")
+    assert _changed(output) > 0
+    for secret in (PASSWORD, FERNET_KEY, CLOUD_SECRET):
+        assert secret not in output  # no_log, even with --diff -v
+    status, catalog = deployment.catalog()
+    assert status == 200
+    assert _services(catalog) == {"openstack-project": ["standard"]}
+    status, body = deployment.catalog(password="wrong")
+    assert status == 401 and "description" in body
+    # the role migrated the database (auto_upgrade is off): SQLite in the home, the user's
+    database = deployment.base / "home" / "broker.db"
+    assert database.owner() == "scoperouter-broker"
+    config = yaml.safe_load((deployment.etc / "broker.yaml").read_text())
+    assert config["database"] == {
+        "url": f"sqlite:///{deployment.base / 'home'}/broker.db",
+        "auto_upgrade": False,
+    }
+    assert config["clouds"] == {"TestOne": {"entry": "broker-at-testone"}}
+    for name in ("scoperouter-broker-test.env", "secure.yaml", "clouds.yaml"):
+        assert (deployment.etc / name).stat().st_mode & 0o777 == 0o600, name
+    env = (deployment.etc / "scoperouter-broker-test.env").read_text()
+    assert PASSWORD in env and FERNET_KEY in env
+    assert (deployment.etc / "scoperouter-broker-test.env").owner() == "root"
+    assert CLOUD_SECRET in (deployment.etc / "secure.yaml").read_text()
+    for name in ("broker.yaml", "clouds.yaml", "scoperouter-broker-test.service"):
+        text = (deployment.etc / name).read_text()
+        assert PASSWORD not in text and FERNET_KEY not in text and CLOUD_SECRET not in text
+    assert Path(f"/proc/{deployment.pid()}").owner() == "scoperouter-broker"
+    # the process runs the unit's very command
+    unit = (deployment.etc / "scoperouter-broker-test.service").read_text()
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    cmdline = Path(f"/proc/{deployment.pid()}/cmdline").read_bytes().split(b"\0")
+    words = exec_start.removeprefix("ExecStart=").split()
+    assert [w.decode() for w in cmdline if w][-len(words) + 1 :] == words[1:]
+
+
+def test_second_run_changes_nothing_and_check_mode_works(deployment: Deployment) -> None:
+    pid = deployment.pid()
+    _unchanged(deployment.run())
+    output = deployment.run("--check", "--diff")
+    _unchanged(output)
+    assert PASSWORD not in output
+    assert deployment.pid() == pid  # not restarted
+
+
+def test_an_override_is_merged_and_restarts_the_broker(deployment: Deployment) -> None:
+    pid = deployment.pid()
+    plans = [
+        {"name": "standard", "description": "A project in TestOne"},
+        {"name": "small", "description": "Another plan"},
+    ]
+    inventory = yaml.safe_load(deployment.inventory.read_text())
+    host_vars = inventory["all"]["children"]["scoperouter_broker"]["hosts"]["localhost"]
+    overrides = host_vars["scoperouter_broker_config_overrides"]  # -e replaces, not merges
+    overrides["services"]["openstack-project"]["plans"] = plans
+    output = deployment.run(overrides=overrides)
+    assert _changed(output) > 0
+    assert deployment.pid() != pid
+    status, catalog = deployment.catalog()
+    assert status == 200 and _services(catalog) == {"openstack-project": ["standard", "small"]}
+    _unchanged(deployment.run(overrides=overrides))
+
+
+def test_a_config_the_broker_refuses_never_replaces_the_working_one(
+    deployment: Deployment,
+) -> None:
+    before = (deployment.etc / "broker.yaml").read_text()
+    argv = [
+        _ansible("ansible-playbook"),
+        "-i",
+        str(deployment.inventory),
+        "broker.yml",
+        "-e",
+        json.dumps({"scoperouter_broker_config_overrides": {"worker": {"threads": -1}}}),
+    ]
+    env = {**os.environ, "ANSIBLE_CONFIG": str(PLAYBOOKS / "ansible.cfg")}
+    proc = subprocess.run(argv, cwd=PLAYBOOKS, capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode != 0
+    assert "failed to validate" in proc.stdout + proc.stderr
+    assert (deployment.etc / "broker.yaml").read_text() == before
+    assert deployment.catalog()[0] == 200
+
+
+def test_rendered_unit_passes_systemd_analyze(deployment: Deployment) -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed")
+    unit = deployment.etc / "scoperouter-broker-test.service"
+    proc = subprocess.run(
+        [analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = unit.read_text()
+    for directive in (
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "User=scoperouter-broker",
+        f"ReadWritePaths={deployment.base / 'home'}",
+    ):
+        assert directive in text
