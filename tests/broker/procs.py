@@ -94,6 +94,7 @@ class BrokerProcess:
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
+        self.kill()  # never leave a half-started broker running behind a failed test
         raise RuntimeError(f"broker did not start:\n{self.log.read_text()[-3000:]}")
 
     def kill(self) -> None:
