@@ -31,15 +31,17 @@ The rules, in order (docs/design.md has the rationale):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, overload
 
 from scoperouter.catalog import Catalog, Endpoint, Match
 from scoperouter.errors import Reject
+from scoperouter.merge import ListPlan, plan_list
 from scoperouter.scope import (
     FOLLOWS,
     SCOPE_SEPARATOR,
+    AllOf,
     CloudName,
     Expr,
     Scope,
@@ -164,8 +166,22 @@ def hop_count(headers: Mapping[str, str], catalog: Catalog) -> int | Reject:
     return hops
 
 
-def decide(facts: RequestFacts, catalog: Catalog, local_cloud: str) -> Decision:
-    """The routing decision for one request (pure; see the module docstring for the rules)."""
+@overload
+def decide(
+    facts: RequestFacts, catalog: Catalog, local_cloud: str, *, combined: Literal[False] = False
+) -> Decision: ...
+@overload
+def decide(
+    facts: RequestFacts, catalog: Catalog, local_cloud: str, *, combined: Literal[True]
+) -> Decision | Combined: ...
+def decide(
+    facts: RequestFacts, catalog: Catalog, local_cloud: str, *, combined: bool = False
+) -> Decision | Combined:
+    """The routing decision for one request (pure; see the module docstring for the rules).
+
+    A scope entry that combines clouds (``A & B``, ``A | B``) is answered 501 unless the
+    caller runs fan-out and failover (``combined=True``): then the decision is a
+    :class:`FanOut` or a :class:`Failover` (or the 400 for a request ``&`` cannot serve)."""
     headers = facts.headers
     # No X-Scope-Hops: a client's request, the common case (hop_limit is at least 1).
     hops = 0 if HOPS_HEADER not in headers else hop_count(headers, catalog)
@@ -206,35 +222,127 @@ def decide(facts: RequestFacts, catalog: Catalog, local_cloud: str) -> Decision:
         return _unfollowed(prepared.scope, service_type)
     # A service neither the scope nor this cloud names: the cloud the client addressed.
     expr = prepared.entries.get(service_type) or CloudName(endpoint.cloud)
-    if type(expr) is not CloudName:
-        return Reject(
-            501,
-            f"scope for {service_type!r} is {format_expression(expr)!r}: combining clouds "
-            "with '&' or '|' is not implemented yet; name one cloud",
-        )
-    target = expr.name
-    interface = endpoint.interface
-
     base_headers[SCOPE_HEADER] = prepared.json
     if token is not None:
         base_headers[AUTH_TOKEN] = (
             token if service_type == IDENTITY else token + prepared.token_suffix
         )
+    if type(expr) is CloudName:
+        return _forward_to(
+            expr.name, match, base_headers, headers, catalog, local_cloud, prepared.scope
+        )
+    if not combined:
+        return Reject(501, not_implemented_message(service_type, expr))
 
+    def one(cloud: str) -> Forward | Reject:
+        return _forward_to(
+            cloud, match, dict(base_headers), headers, catalog, local_cloud, prepared.scope
+        )
+
+    return _combined(expr, facts, service_type, one)
+
+
+def not_implemented_message(service_type: str, expr: Expr) -> str:
+    """What a router whose engine does not run fan-out/failover yet answers (with 501)."""
+    return (
+        f"scope for {service_type!r} is {format_expression(expr)!r}: combining clouds "
+        "with '&' or '|' is not implemented yet; name one cloud"
+    )
+
+
+def _forward_to(
+    target: str,
+    match: Match,
+    base_headers: dict[str, str],
+    headers: Mapping[str, str],
+    catalog: Catalog,
+    local_cloud: str,
+    scope: Scope,
+) -> Forward | Reject:
+    """The request sent to one cloud: this cloud's backend, or `target`'s router."""
+    endpoint = match.endpoint
+    service_type = endpoint.service_type
     if target == local_cloud:
         local = (
             endpoint
             if endpoint.cloud == local_cloud
-            else catalog.endpoint(local_cloud, service_type, interface)
+            else catalog.endpoint(local_cloud, service_type, endpoint.interface)
         )
         if local is None:  # _validate checked the cloud offers the service; be safe anyway
             return Reject(400, f"{local_cloud} has no {service_type} service")
-        return _to_backend(match, local, base_headers, prepared.scope)
+        return _to_backend(match, local, base_headers, scope)
 
-    remote = catalog.endpoint(target, service_type, interface)
+    remote = catalog.endpoint(target, service_type, endpoint.interface)
     if remote is None:
         return Reject(400, f"{target} has no {service_type} service")
-    return _to_router(match, remote, base_headers, headers, catalog, local_cloud, prepared.scope)
+    return _to_router(match, remote, base_headers, headers, catalog, local_cloud, scope)
+
+
+@dataclass(frozen=True, slots=True)
+class FanOut:
+    """``A & B`` on a read of a list: every part is asked at once (its request's query from
+    ``plan.query_for(label)``), and ``merge.merge_list(plan, ...)`` makes the answer.
+
+    A part is one cloud (a Forward) or ``A | B`` inside the merge (a Failover); a part's label
+    in the plan (and in the merged marker) is its expression text."""
+
+    service_type: str
+    expression: str
+    parts: tuple[tuple[str, Forward | Failover], ...]  # (label, how to reach it), in order
+    plan: ListPlan
+
+
+@dataclass(frozen=True, slots=True)
+class Failover:
+    """``A | B``: try the candidates left to right (``scoperouter.failover`` says when to move
+    on); a candidate is one cloud (a Forward) or ``A & B`` inside the failover (a FanOut)."""
+
+    service_type: str
+    expression: str
+    candidates: tuple[Forward | FanOut, ...]
+
+
+Combined = FanOut | Failover
+
+
+def _part(
+    part: Expr, facts: RequestFacts, service_type: str, one: Callable[[str], Forward | Reject]
+) -> Forward | Combined | Reject:
+    if isinstance(part, CloudName):
+        return one(part.name)
+    return _combined(part, facts, service_type, one)
+
+
+def _combined(
+    expr: Expr,
+    facts: RequestFacts,
+    service_type: str,
+    one: Callable[[str], Forward | Reject],
+) -> Combined | Reject:
+    """The fan-out or failover decision for a combined expression (decide(combined=True))."""
+    assert not isinstance(expr, CloudName)  # decide() and _part() handle a single cloud
+    text = format_expression(expr)
+    if isinstance(expr, AllOf):
+        labels = tuple(format_expression(part) for part in expr.parts)
+        plan = plan_list(service_type, facts.method, facts.path, labels, facts.headers)
+        if isinstance(plan, Reject):
+            return plan
+        parts: list[tuple[str, Forward | Failover]] = []
+        for label, part in zip(labels, expr.parts, strict=True):
+            decision = _part(part, facts, service_type, one)
+            if isinstance(decision, Reject):
+                return decision
+            assert not isinstance(decision, FanOut)  # the parser flattens A & (B & C)
+            parts.append((label, decision))
+        return FanOut(service_type, text, tuple(parts), plan)
+    candidates: list[Forward | FanOut] = []
+    for part in expr.parts:
+        decision = _part(part, facts, service_type, one)
+        if isinstance(decision, Reject):
+            return decision
+        assert not isinstance(decision, Failover)  # the parser flattens A | (B | C)
+        candidates.append(decision)
+    return Failover(service_type, text, tuple(candidates))
 
 
 # X-Scope-Hops values, made once (a hop count is small: hop_limit is 8 by default).
