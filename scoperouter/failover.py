@@ -23,6 +23,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from scoperouter.routing import Forward
 
@@ -62,37 +63,41 @@ def moves_on(method: str, failure: Failure | None) -> bool:
     return failure is Failure.NOT_SENT or method.upper() in IDEMPOTENT
 
 
+C = TypeVar("C")
+
+
 @dataclass(frozen=True, slots=True)
-class Skipped:
+class Skipped(Generic[C]):
     """A candidate left out because the engine's peer health marks it down."""
 
-    forward: Forward
+    candidate: C
     reason: str
 
 
 def candidates(
-    forwards: Sequence[Forward], is_down: IsDown | None = None
-) -> tuple[list[Forward], list[Skipped]]:
-    """The candidates to try, in order, and those skipped as down. If every one is down, the
-    first is tried anyway only when the engine's predicate lets it through later (a probe): it
-    is the engine's breaker that decides, so none is tried here and the caller answers 503."""
+    items: Sequence[C], is_down: Callable[[C], str | None] | None = None
+) -> tuple[list[C], list[Skipped[C]]]:
+    """The candidates to try, in order, and those skipped as down (the engine's predicate,
+    e.g. an :data:`IsDown` on Forwards). When every one is down none is tried and the caller
+    answers 503: letting a probe through after the down period is the engine breaker's call,
+    made in its predicate."""
     if is_down is None:
-        return list(forwards), []
-    tried: list[Forward] = []
-    skipped: list[Skipped] = []
-    for forward in forwards:
-        reason = is_down(forward)
+        return list(items), []
+    tried: list[C] = []
+    skipped: list[Skipped[C]] = []
+    for item in items:
+        reason = is_down(item)
         if reason is None:
-            tried.append(forward)
+            tried.append(item)
         else:
-            skipped.append(Skipped(forward, reason))
+            skipped.append(Skipped(item, reason))
     return tried, skipped
 
 
-def all_down_message(skipped: Sequence[Skipped]) -> str:
+def all_down_message(skipped: Sequence[Skipped[Forward]]) -> str:
     """The 503's message when no candidate may be tried."""
-    names = " | ".join(s.forward.cloud for s in skipped)
-    reasons = "; ".join(f"{s.forward.cloud}: {s.reason}" for s in skipped)
+    names = " | ".join(s.candidate.cloud for s in skipped)
+    reasons = "; ".join(f"{s.candidate.cloud}: {s.reason}" for s in skipped)
     return f"{names}: every cloud is marked down ({reasons}); retry later"
 
 

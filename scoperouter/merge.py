@@ -181,15 +181,19 @@ class ListPlan:
         """The clouds that still have items: each gets one request."""
         return tuple(c for c in self.clouds if self.states[c] is not DONE)
 
-    def target(self, cloud: str) -> str:
-        """The path and query to send to `cloud` (its own limit and marker)."""
+    def query_for(self, cloud: str) -> str:
+        """The query to send to `cloud` (its own limit and marker): ``"?..."`` or ``""``."""
         query = list(self.query)
         if self.limit is not None:
             query.append(("limit", str(self.limit)))
         state = self.states[cloud]
         if state:
             query.append(("marker", state))
-        return f"{self.path}?{urlencode(query)}" if query else self.path
+        return f"?{urlencode(query)}" if query else ""
+
+    def target(self, cloud: str) -> str:
+        """The path and query to send to `cloud`."""
+        return self.path + self.query_for(cloud)
 
 
 def plan_list(

@@ -144,7 +144,7 @@ def test_clouds_marked_down_are_skipped_by_the_engines_predicate(catalog: Catalo
 
     tried, skipped = candidates(forwards, is_down)
     assert [f.cloud for f in tried] == ["CloudOne"]
-    assert [(s.forward.cloud, s.reason) for s in skipped] == [
+    assert [(s.candidate.cloud, s.reason) for s in skipped] == [
         ("CloudTwo", "it refused the connection")
     ]
     assert candidates(forwards) == (forwards, [])
