@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal, overload
 
 from scoperouter.catalog import Catalog, Endpoint, Match
@@ -168,14 +169,14 @@ def hop_count(headers: Mapping[str, str], catalog: Catalog) -> int | Reject:
 
 @overload
 def decide(
-    facts: RequestFacts, catalog: Catalog, local_cloud: str, *, combined: Literal[False] = False
+    facts: RequestFacts, catalog: Catalog, local_cloud: str, combined: Literal[False] = False
 ) -> Decision: ...
 @overload
 def decide(
-    facts: RequestFacts, catalog: Catalog, local_cloud: str, *, combined: Literal[True]
+    facts: RequestFacts, catalog: Catalog, local_cloud: str, combined: Literal[True]
 ) -> Decision | Combined: ...
 def decide(
-    facts: RequestFacts, catalog: Catalog, local_cloud: str, *, combined: bool = False
+    facts: RequestFacts, catalog: Catalog, local_cloud: str, combined: bool = False
 ) -> Decision | Combined:
     """The routing decision for one request (pure; see the module docstring for the rules).
 
@@ -228,18 +229,46 @@ def decide(
             token if service_type == IDENTITY else token + prepared.token_suffix
         )
     if type(expr) is CloudName:
-        return _forward_to(
-            expr.name, match, base_headers, headers, catalog, local_cloud, prepared.scope
+        # One cloud, the common case: inline rather than a call to _forward_to() (+0.6k
+        # instructions per decision); combined expressions pay it, once per cloud.
+        target = expr.name
+        if target == local_cloud:
+            local = (
+                endpoint
+                if endpoint.cloud == local_cloud
+                else catalog.endpoint(local_cloud, service_type, endpoint.interface)
+            )
+            if local is None:  # _validate checked the cloud offers the service; be safe anyway
+                return Reject(400, f"{local_cloud} has no {service_type} service")
+            return _to_backend(match, local, base_headers, prepared.scope)
+        remote = catalog.endpoint(target, service_type, endpoint.interface)
+        if remote is None:
+            return Reject(400, f"{target} has no {service_type} service")
+        return _to_router(
+            match, remote, base_headers, headers, catalog, local_cloud, prepared.scope
         )
     if not combined:
         return Reject(501, not_implemented_message(service_type, expr))
+    # Not a closure here: its free variables would make decide()'s locals cells (slower).
+    return _combined(
+        expr,
+        facts,
+        service_type,
+        partial(_one_of, match, base_headers, headers, catalog, local_cloud, prepared.scope),
+    )
 
-    def one(cloud: str) -> Forward | Reject:
-        return _forward_to(
-            cloud, match, dict(base_headers), headers, catalog, local_cloud, prepared.scope
-        )
 
-    return _combined(expr, facts, service_type, one)
+def _one_of(
+    match: Match,
+    base_headers: dict[str, str],
+    headers: Mapping[str, str],
+    catalog: Catalog,
+    local_cloud: str,
+    scope: Scope,
+    cloud: str,
+) -> Forward | Reject:
+    """One cloud of a combined expression (each Forward gets its own header edits)."""
+    return _forward_to(cloud, match, dict(base_headers), headers, catalog, local_cloud, scope)
 
 
 def not_implemented_message(service_type: str, expr: Expr) -> str:
@@ -259,7 +288,8 @@ def _forward_to(
     local_cloud: str,
     scope: Scope,
 ) -> Forward | Reject:
-    """The request sent to one cloud: this cloud's backend, or `target`'s router."""
+    """The request sent to one cloud of a combined expression: this cloud's backend, or
+    `target`'s router (decide() has the same steps inline for a single cloud)."""
     endpoint = match.endpoint
     service_type = endpoint.service_type
     if target == local_cloud:
