@@ -325,8 +325,9 @@ def merge_list(
     body: dict[str, Any] = {plan.collection.key: page}
     next_query = _next_url(plan, states) if _has_more(states) else None
     _write_links(body, plan, next_query, base_url)
-    assert first is not None
-    headers = {k: first.headers[k] for k in _KEPT_HEADERS if k in first.headers}
+    # No answer at all: a marker saying every cloud is done (never one of ours), an empty page.
+    kept = first.headers if first is not None else {}
+    headers = {k: kept[k] for k in _KEPT_HEADERS if k in kept}
     headers.setdefault("content-type", "application/json")
     if failed:
         headers[MISSING_HEADER] = ", ".join(failed)

@@ -261,6 +261,13 @@ def test_a_bad_limit_is_a_400() -> None:
         assert isinstance(refused, Reject) and refused.status == 400
 
 
+def test_a_marker_with_every_cloud_done_is_an_empty_last_page() -> None:
+    marker = encode_marker({"CloudOne": None, "CloudTwo": None})
+    p = plan("image", f"/v2/images?marker={marker}")
+    assert p.asked == ()
+    assert body_of(merge_list(p, {}, BASE)) == {"images": [], "first": "/v2/images"}
+
+
 def test_a_finished_cloud_is_not_asked_again() -> None:
     marker = encode_marker({"CloudOne": None, "CloudTwo": "abc"})
     p = plan("image", f"/v2/images?marker={marker}")
