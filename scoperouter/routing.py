@@ -254,7 +254,7 @@ def decide(
         expr,
         facts,
         service_type,
-        partial(_one_of, match, base_headers, headers, catalog, local_cloud, prepared.scope),
+        partial(_one_of, match, base_headers, headers, catalog, local_cloud, prepared, token),
     )
 
 
@@ -264,11 +264,21 @@ def _one_of(
     headers: Mapping[str, str],
     catalog: Catalog,
     local_cloud: str,
-    scope: Scope,
+    prepared: Prepared,
+    token: str | None,
     cloud: str,
 ) -> Forward | Reject:
-    """One cloud of a combined expression (each Forward gets its own header edits)."""
-    return _forward_to(cloud, match, dict(base_headers), headers, catalog, local_cloud, scope)
+    """One cloud of a combined expression. The scope it carries on names that cloud alone
+    for the service: the next router must deliver the request, not combine it again (two
+    routers fanning out to each other would multiply it until the hop limit)."""
+    service_type = match.endpoint.service_type
+    scope = Scope.of({**prepared.entries, service_type: CloudName(cloud)})
+    set_headers = dict(base_headers)
+    scope_json = scope.to_json()
+    set_headers[SCOPE_HEADER] = scope_json
+    if token is not None and service_type != IDENTITY:
+        set_headers[AUTH_TOKEN] = token + SCOPE_SEPARATOR + scope_json
+    return _forward_to(cloud, match, set_headers, headers, catalog, local_cloud, scope)
 
 
 def not_implemented_message(service_type: str, expr: Expr) -> str:

@@ -12,6 +12,20 @@ its own and knows nothing of mitmproxy or httptools.
   skipping those the engine's peer health marks down (`is_down`), and tells the engine each
   attempt's outcome (`report`) so that its circuit breaker learns from it.
 
+Plugging in the router's peer health (``proxy/addons/health.py``, keyed by
+``scheme://host:port`` of ``Forward.url``; this module does not import it, it needs mitmproxy)::
+
+    def is_down(forward):
+        upstream = health.upstreams.get(base_of(forward.url))
+        if upstream is None or not upstream.down_until:
+            return None
+        if health.clock() >= upstream.down_until:  # the down period is over: probe it
+            return None
+        return f"{upstream.name} is marked down ({upstream.reason})"
+
+and ``report(forward, failure)`` counts a failure (or clears them on None) the way the
+breaker's ``error``/``responseheaders`` hooks do.
+
 Bodies are buffered: ``&`` reads lists, and a ``|`` request with a body needs it again for the
 next candidate. Large transfers (images) keep the engine's streaming path with one cloud.
 """

@@ -3,6 +3,8 @@ plan (pure; no sockets)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from scoperouter.catalog import Catalog
@@ -16,6 +18,7 @@ from scoperouter.failover import (
     moves_on,
 )
 from scoperouter.routing import Failover, FanOut, Forward, RequestFacts, decide
+from scoperouter.scope import CloudName
 
 
 def facts(
@@ -53,8 +56,13 @@ def test_and_on_a_list_is_a_fan_out_with_one_forward_per_cloud(catalog: Catalog)
         assert (part.cloud, part.remote, part.url) == (single.cloud, single.remote, single.url)
     assert two.url == "http://127.0.0.3:9292/v2/images?limit=3" and two.remote
     assert one.url == "http://127.0.1.2:9292/v2/images?limit=3" and not one.remote
-    # The scope travels on unchanged (the next router sees the same expression).
-    assert "CloudTwo & CloudOne" in two.set_headers["x-auth-token"]
+    # Each part's scope names its cloud alone for image (the next router delivers, it does
+    # not fan out again); the rest of the scope travels on.
+    for cloud, part in (("CloudTwo", two), ("CloudOne", one)):
+        carried = json.loads(part.set_headers["x-scope"])
+        assert carried["image"] == cloud and carried["compute"] == "CloudOne"
+        assert part.set_headers["x-auth-token"] == "tok!SCOPE!" + part.set_headers["x-scope"]
+        assert part.scope is not None and part.scope["image"] == CloudName(cloud)
     assert decision.plan.clouds == ("CloudTwo", "CloudOne") and decision.plan.limit == 3
 
 
