@@ -25,7 +25,8 @@ marker* (:func:`encode_marker`) this module made: each cloud's state (from the s
 its own marker = the id of the last item of it the client saw, or done). Each cloud checks
 its own marker as it would if the client had sent it directly, so the merged marker needs no
 signature; it is only checked for shape and size, and a garbled one is a 400. Its size is
-bounded by the number of clouds and :data:`MAX_CLOUD_MARKER`.
+bounded by the clouds of the expression and :data:`MAX_CLOUD_MARKER`
+(:func:`max_marker_length`).
 
 **Failures.** A cloud that fails (no answer, an error status, a body that is not a list)
 fails the whole request naming it, unless the client sent ``X-Scope-Partial: allow``
@@ -51,7 +52,6 @@ PARTIAL_HEADER = "x-scope-partial"  # "allow": answer with the clouds that answe
 MISSING_HEADER = "X-Scope-Missing"  # on a partial answer: the clouds left out, comma-separated
 MARKER_PREFIX = "scope1."
 MAX_CLOUD_MARKER = 255  # nova/glance/neutron/keystone markers are ids or names
-MAX_MARKER = 8192  # characters of the merged marker, before decoding
 MAX_LIMIT_TEXT = 9  # digits of `limit`
 
 LinkStyle = Literal["nova", "glance", "keystone", "none"]
@@ -135,10 +135,19 @@ def encode_marker(states: Mapping[str, CloudState]) -> str:
     return MARKER_PREFIX + base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
 
 
+def max_marker_length(clouds: Sequence[str]) -> int:
+    """The longest merged marker :func:`encode_marker` can make for `clouds` (every state a
+    marker of MAX_CLOUD_MARKER characters, each escaped by JSON to at most 6): longer input is
+    refused before it is decoded."""
+    payload = 16 + sum(len(cloud) * 6 + 6 + MAX_CLOUD_MARKER * 6 for cloud in clouds)
+    return len(MARKER_PREFIX) + (payload + 2) // 3 * 4
+
+
 def decode_marker(text: str, clouds: Sequence[str]) -> dict[str, CloudState] | Reject:
     """The per-cloud states of a merged marker made for these `clouds`, or a 400."""
-    if len(text) > MAX_MARKER:
-        return _bad_marker(f"longer than {MAX_MARKER} characters")
+    longest = max_marker_length(clouds)
+    if len(text) > longest:
+        return _bad_marker(f"longer than {longest} characters")
     if not text.startswith(MARKER_PREFIX):
         return _bad_marker("it was not made by a merged list (it must come from a next link)")
     data = text[len(MARKER_PREFIX) :]

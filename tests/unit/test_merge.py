@@ -16,7 +16,6 @@ from scoperouter.errors import Reject
 from scoperouter.merge import (
     COLLECTIONS,
     MARKER_PREFIX,
-    MAX_MARKER,
     MISSING_HEADER,
     ORIGIN_KEY,
     CloudAnswer,
@@ -26,6 +25,7 @@ from scoperouter.merge import (
     collection_of,
     decode_marker,
     encode_marker,
+    max_marker_length,
     merge_list,
     plan_list,
 )
@@ -246,13 +246,20 @@ def test_writes_and_single_resources_are_refused_with_a_400() -> None:
         (encode_marker({"CloudOne": "", "CloudThree": ""}), "made for other clouds"),
         (encode_marker({"CloudTwo": "", "CloudOne": ""}), "made for other clouds"),  # order
         (encode_marker({"CloudOne": "x" * 300, "CloudTwo": ""}), "not a marker"),
-        (MARKER_PREFIX + "A" * MAX_MARKER, "longer than"),
+        (MARKER_PREFIX + "A" * max_marker_length(CLOUDS), "longer than"),
     ],
 )
 def test_a_forged_or_garbled_marker_is_a_400(marker: str, why: str) -> None:
     refused = plan_list("image", "GET", f"/v2/images?marker={marker}", CLOUDS, {})
     assert isinstance(refused, Reject) and refused.status == 400
     assert why in refused.message and "invalid marker" in refused.message
+
+
+def test_the_longest_marker_of_any_clouds_is_accepted() -> None:
+    clouds = tuple(f"Cl\u00f6ud{n}" for n in range(40))
+    longest = encode_marker({c: "\u00e9" * 255 for c in clouds})
+    assert len(longest) <= max_marker_length(clouds)
+    assert decode_marker(longest, clouds) == {c: "\u00e9" * 255 for c in clouds}
 
 
 def test_a_bad_limit_is_a_400() -> None:
