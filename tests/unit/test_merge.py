@@ -331,3 +331,34 @@ def test_every_item_exactly_once_in_order_for_any_page_sizes(
             break
         path = body["next"]
     assert seen == [(c, i) for c in clouds for i in ids[c]]
+
+
+def test_openstacksdk_reads_merged_pages_and_follows_their_next_links() -> None:
+    """What the `openstack` CLI does with a merged page: openstacksdk's own resource classes
+    parse the items (an image keeps its origin as a property, a server ignores it) and its own
+    pagination finds the merged marker in the next link, in each service's format."""
+    import requests
+    from openstack.compute.v2.server import Server
+    from openstack.image.v2.image import Image
+
+    _, one = captured("CloudOne", "image-v2_images-limit1")
+    _, two = captured("CloudTwo", "image-v2_images-limit1")
+    body = body_of(
+        merge_list(plan("image", "/v2/images?limit=1"), {"CloudOne": one, "CloudTwo": two}, BASE)
+    )
+    item = dict(body["images"][0])
+    item.pop("self")  # as openstacksdk's list() does
+    image = Image.existing(**item)
+    assert image.properties[ORIGIN_KEY] == "CloudOne"
+    link, params = Image._get_next_link("/images", requests.Response(), body, None, 1, 1)
+    assert link is not None and params["marker"] == [query_of(body["next"])["marker"]]
+
+    _, one = captured("CloudOne", "compute-servers_detail-limit1")
+    _, two = captured("CloudTwo", "compute-servers_detail-limit1")
+    p = plan("compute", "/v2.1/servers/detail?limit=1")
+    body = body_of(merge_list(p, {"CloudOne": one, "CloudTwo": two}, BASE))
+    server = Server.existing(**body["servers"][0])
+    assert server.id == body["servers"][0]["id"] and ORIGIN_KEY not in server.to_dict()
+    link, params = Server._get_next_link("/servers/detail", requests.Response(), body, None, 1, 1)
+    assert link is not None and link.startswith(BASE + "/v2.1/servers/detail")
+    assert params["marker"] == [query_of(body["servers_links"][0]["href"])["marker"]]
