@@ -33,7 +33,7 @@ class Env:
         self.state = tmp / "cloud"
         self.config = write_config(tmp / "broker.yaml", db_url, self.state)
         self.log = tmp / "broker.log"
-        self.broker = BrokerProcess(self.config, self.log).start()
+        self.broker = BrokerProcess(self.config, self.log)
         self.osb = OSBClient(self.broker.url, "broker", PASSWORD, timeout=30)
         self.store = Store(db_url)
 
@@ -65,8 +65,11 @@ class Env:
 @pytest.fixture
 def env(db_url: str, tmp_path: Path) -> Iterator[Env]:
     e = Env(db_url, tmp_path)
-    yield e
-    e.close()
+    try:
+        e.broker.start()
+        yield e
+    finally:
+        e.close()
 
 
 def _provision(env: Env, instance: str, **params: Any) -> str:
@@ -174,13 +177,14 @@ def test_two_replicas_never_run_one_operation_twice(db_url: str, tmp_path: Path)
         pytest.skip("replicas share a PostgreSQL database")
     state = tmp_path / "cloud"
     config = write_config(tmp_path / "broker.yaml", db_url, state, threads=3)
-    replicas = [
-        BrokerProcess(
-            config, tmp_path / f"broker{i}.log", listen=f"127.0.0.1:{free_port()}"
-        ).start()
-        for i in range(2)
-    ]
+    replicas: list[BrokerProcess] = []
     try:
+        for i in range(2):  # one at a time, each stopped below even if the next fails to start
+            replica = BrokerProcess(
+                config, tmp_path / f"broker{i}.log", listen=f"127.0.0.1:{free_port()}"
+            )
+            replicas.append(replica)
+            replica.start()
         clients = [OSBClient(r.url, "broker", PASSWORD) for r in replicas]
         ops = {}
         for i in range(12):

@@ -159,8 +159,12 @@ class OSBBroker:
         self.osb = OSBClient(
             self.process.url, "broker", PASSWORD, context=context(space), timeout=60
         )
-        catalog = self.osb.catalog()
-        assert catalog.status == 200, catalog.body
+        try:
+            catalog = self.osb.catalog()
+            assert catalog.status == 200, catalog.body
+        except BaseException:  # no fixture teardown for a constructor that raised
+            self.process.kill()
+            raise
         self.ids = {s["name"]: (s["id"], s["plans"][0]["id"]) for s in catalog.body["services"]}
 
     @property

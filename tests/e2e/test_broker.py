@@ -99,8 +99,12 @@ class BrokerEnv:
         self.log = tmp / "broker.log"
         self.broker = BrokerProcess(self.config, self.log).start()
         self.osb = OSBClient(self.broker.url, "broker", PASSWORD, user_id=CF_USER, timeout=60)
-        catalog = self.osb.catalog()
-        assert catalog.status == 200
+        try:
+            catalog = self.osb.catalog()
+            assert catalog.status == 200
+        except BaseException:  # no fixture teardown for a constructor that raised
+            self.broker.kill()
+            raise
         [service] = [s for s in catalog.body["services"] if s["name"] == "openstack-project"]
         self.service_id = service["id"]
         self.plan_id = service["plans"][0]["id"]
