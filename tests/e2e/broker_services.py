@@ -125,6 +125,12 @@ class RSSSampler:
         self._thread.join()
 
 
+# The broker's operation deadlines here; a wait lasts the deadline plus what a worker takes to
+# get to an operation (a lease, a retry's backoff, a poll), as in test_broker.py.
+DEADLINES = {"provision": 600.0, "deprovision": 600.0, "bind": 120.0, "unbind": 120.0}
+LEASE, MAX_RETRY, POLL = 30.0, 10.0, 5.0
+
+
 class OSBBroker:
     """`scoperouter broker serve` (a real process, SQLite) with the server and image services
     on the lab's clouds, and the project's OSB client sending what Cloud Foundry sends, for
@@ -140,16 +146,18 @@ class OSBBroker:
             "clouds": {c.name: {"entry": f"{c.slug}-admin"} for c in lab.clouds[:2]},
             "worker": {
                 "threads": 4,
-                "lease_seconds": 30,
+                "lease_seconds": LEASE,
                 "heartbeat_seconds": 5,
                 "poll_seconds": 0.2,
+                "max_retry_seconds": MAX_RETRY,
             },
             "services": {
                 "openstack-server": {
                     "networks": "none",
+                    "deadlines": DEADLINES,
                     "plans": [{"name": "tiny", "flavor": "m1.tiny"}],
                 },
-                "openstack-image": {"plans": [{"name": "copy"}]},
+                "openstack-image": {"deadlines": DEADLINES, "plans": [{"name": "copy"}]},
             },
         }
         self.config = tmp / "broker.yaml"
@@ -172,20 +180,27 @@ class OSBBroker:
         assert self.process.proc is not None
         return self.process.proc.pid
 
+    def wait(
+        self, iid: str, operation: str | None, kind: str, binding_id: str | None = None
+    ) -> Any:
+        """The operation's final answer, which the broker owes by its deadline."""
+        timeout = DEADLINES[kind] + LEASE + MAX_RETRY + POLL
+        return self.osb.wait(iid, operation, binding_id=binding_id, timeout=timeout)
+
     def provision(self, service: str, label: str, parameters: dict[str, Any]) -> tuple[str, Any]:
         """Provision and wait: (instance id, the final last_operation answer)."""
         service_id, plan_id = self.ids[service]
         iid = instance_id(label)
         answer = self.osb.provision(iid, service_id, plan_id, parameters)
         assert answer.status == 202, answer.body
-        return iid, self.osb.wait(iid, answer.operation, timeout=600)
+        return iid, self.wait(iid, answer.operation, "provision")
 
     def bind(self, service: str, iid: str, suffix: str = "b") -> tuple[str, dict[str, Any]]:
         service_id, plan_id = self.ids[service]
         binding = f"{iid}-{suffix}"
         answer = self.osb.bind(iid, binding, service_id, plan_id)
         assert answer.status == 202, answer.body
-        last = self.osb.wait(iid, answer.operation, binding_id=binding, timeout=120)
+        last = self.wait(iid, answer.operation, "bind", binding)
         assert last.body["state"] == "succeeded", last.body
         got = self.osb.get_binding(iid, binding)
         assert got.status == 200, got.body
@@ -195,13 +210,13 @@ class OSBBroker:
         service_id, plan_id = self.ids[service]
         answer = self.osb.unbind(iid, binding, service_id, plan_id)
         assert answer.status == 202, answer.body
-        assert self.osb.wait(iid, answer.operation, binding_id=binding).status == 410
+        assert self.wait(iid, answer.operation, "unbind", binding).status == 410
 
     def deprovision(self, service: str, iid: str) -> None:
         service_id, plan_id = self.ids[service]
         answer = self.osb.deprovision(iid, service_id, plan_id)
         assert answer.status == 202, answer.body
-        assert self.osb.wait(iid, answer.operation, timeout=600).status == 410
+        assert self.wait(iid, answer.operation, "deprovision").status == 410
 
     def openstack(self, clouds_yaml: str, *args: str) -> subprocess.CompletedProcess[str]:
         """The `openstack` CLI (with the --os-scope plugin) on a binding's clouds.yaml."""
