@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from scoperouter.broker.osbclient import OSBClient
@@ -219,6 +220,8 @@ def test_serve_with_two_processes_on_one_port(sqlite_url: str, tmp_path: Path) -
     config.write_text(yaml.safe_dump(data))
     broker = BrokerProcess(config, tmp_path / "broker.log").start()
     try:
+        # the probe route of a real serve process: open, 200 while the database answers
+        assert httpx.get(broker.url + "/healthz", timeout=10).json() == {"status": "ok"}
         with OSBClient(broker.url, "broker", PASSWORD) as osb:
             ops = {f"p{i}": osb.provision(f"p{i}", S, P, {}).operation for i in range(6)}
             for name, op in ops.items():
