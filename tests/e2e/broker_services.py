@@ -136,9 +136,10 @@ class OSBBroker:
     on the lab's clouds, and the project's OSB client sending what Cloud Foundry sends, for
     the space `space` of this run."""
 
-    def __init__(self, lab: Any, tmp: Path, space: str = "osb") -> None:
+    def __init__(self, lab: Any, tmp: Path, space: str = "osb", lease: float = LEASE) -> None:
         self.lab = lab
         self.tmp = tmp
+        self.lease = lease
         config = {
             "listen": f"127.0.0.1:{free_port()}",
             "database": {"url": f"sqlite:///{tmp / 'broker.db'}"},
@@ -146,8 +147,8 @@ class OSBBroker:
             "clouds": {c.name: {"entry": f"{c.slug}-admin"} for c in lab.clouds[:2]},
             "worker": {
                 "threads": 4,
-                "lease_seconds": LEASE,
-                "heartbeat_seconds": 5,
+                "lease_seconds": lease,
+                "heartbeat_seconds": lease / 4,
                 "poll_seconds": 0.2,
                 "max_retry_seconds": MAX_RETRY,
             },
@@ -184,8 +185,13 @@ class OSBBroker:
         self, iid: str, operation: str | None, kind: str, binding_id: str | None = None
     ) -> Any:
         """The operation's final answer, which the broker owes by its deadline."""
-        timeout = DEADLINES[kind] + LEASE + MAX_RETRY + POLL
+        timeout = DEADLINES[kind] + self.lease + MAX_RETRY + POLL
         return self.osb.wait(iid, operation, binding_id=binding_id, timeout=timeout)
+
+    def restart(self) -> None:
+        """SIGKILL (no cleanup of any kind) and a new process on the same port and database."""
+        self.process.kill()
+        self.process = BrokerProcess(self.config, self.log, listen=self.process.listen).start()
 
     def provision(self, service: str, label: str, parameters: dict[str, Any]) -> tuple[str, Any]:
         """Provision and wait: (instance id, the final last_operation answer)."""

@@ -3,7 +3,8 @@ project's OSB client (which sends what Cloud Foundry sends): catalog -> provisio
 poll -> GET -> bind -> the binding's clouds.yaml used with the `openstack` CLI -> unbind (that
 credential fails at once) -> deprovision -> gone in keystone. Then rotation, a synchronous
 bind, SIGKILL of the broker at several points with a restarted broker finishing the work, a
-cloud that is down, and secrets kept out of logs and GET answers.
+cloud that is down, secrets kept out of logs and GET answers, and `broker repair` finding drift
+both ways in the clouds.
 
 Every instance and binding id starts with `osb-e2e-` (the lab prefix of this suite), and the
 fixture deletes what a failed test left in keystone.
@@ -12,6 +13,7 @@ fixture deletes what a failed test left in keystone.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -23,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from scoperouter.broker.identity import instance_tag, keystone
+from scoperouter.broker.identity import MANAGED_TAG, instance_tag, keystone
 from scoperouter.broker.osbclient import OSBClient
 from tests.broker.conftest import PASSWORD
 from tests.broker.pg import free_port
@@ -390,3 +392,94 @@ def test_secrets_never_in_logs_or_gets(broker: BrokerEnv) -> None:
     log = broker.log.read_text()
     assert secret not in log
     assert answer.request_identity in log  # lines of the bind request carry its identity
+
+
+def test_repair_reports_drift_both_ways_against_the_clouds(broker: BrokerEnv) -> None:
+    """`scoperouter broker repair` compares the database with what the clouds really hold:
+    an instance whose project was deleted behind the broker's back is *missing*, a project
+    tagged as the broker's that no instance owns is an *orphan*."""
+    instance = _ident("drift")
+    op = broker.provision(instance, {"cloud": "CloudOne"})
+    assert broker.wait(instance, op, "provision").body["state"] == "succeeded"
+    config = yaml.safe_load(broker.config.read_text())
+    del config["clouds"]["CloudDown"]  # the operator repairs with the clouds that answer
+    repair_config = broker.tmp / "repair.yaml"
+    repair_config.write_text(yaml.safe_dump(config))
+
+    def report() -> dict[str, Any]:
+        argv = ["repair", "--config", str(repair_config), "--json"]
+        done = subprocess.run(
+            [sys.executable, "-m", "scoperouter.broker", *argv],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=300,
+            env={**os.environ, "SCOPEROUTER_BROKER_SECRET_KEYS": BrokerProcess.keys},
+        )
+        assert done.returncode in (0, 1), done.stderr
+        result: dict[str, Any] = json.loads(done.stdout)
+        assert result["errors"] == [], result["errors"]
+        return result
+
+    def about(result: dict[str, Any], ident: str) -> list[str]:
+        return [
+            kind
+            for kind in ("orphans", "missing")
+            for item in result[kind]
+            if item.get("instance_id") == ident
+        ]
+
+    assert about(report(), instance) == []  # the lab may hold others' drift: only ours counts
+    [project] = broker.projects("CloudOne", instance)
+    keystone(broker.admin("CloudOne")).delete_project(project)
+    assert about(report(), instance) == ["missing"]
+
+    orphan = _ident("orphan")
+    broker.instances.append((orphan, "CloudTwo"))  # the fixture's cleanup deletes it
+    keystone(broker.admin("CloudTwo")).create_project(
+        name=orphan, domain_id="default", tags=[MANAGED_TAG, instance_tag(orphan)]
+    )
+    result = report()
+    assert about(result, orphan) == ["orphans"]
+    [line] = [line for line in result["lines"] if orphan in line]
+    assert line.startswith("orphan: CloudTwo project ")
+
+
+def test_the_sample_config_serves_the_lab(
+    lab: Lab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """config/broker.yaml as shipped, against the lab (only the database and the port are
+    moved, by the environment and --listen, so the test writes nothing into the repository):
+    its catalog, and its `cloudtwo` plan making a project in CloudTwo and removing it."""
+    sample = Path(__file__).resolve().parents[2] / "config" / "broker.yaml"
+    monkeypatch.setenv("SCOPEROUTER_BROKER_DATABASE_URL", f"sqlite:///{tmp_path / 'sample.db'}")
+    monkeypatch.setenv("OS_CLIENT_CONFIG_FILE", str(lab.clouds_yaml))
+    process = BrokerProcess(sample, tmp_path / "broker.log", listen=f"127.0.0.1:{free_port()}")
+    instance = _ident("sample")
+    admin = keystone(lab.connect("cloudtwo-admin"))
+    try:
+        process.start()
+        with OSBClient(process.url, "broker", PASSWORD, timeout=60) as osb:
+            services = {s["name"]: s for s in osb.catalog().body["services"]}
+            assert set(services) == {"openstack-project", "openstack-server", "openstack-image"}
+            project = services["openstack-project"]
+            [plan] = [p for p in project["plans"] if p["name"] == "cloudtwo"]
+            answer = osb.provision(instance, project["id"], plan["id"], {"name": "sample"})
+            assert answer.status == 202, answer.body
+            # the sample keeps the production deadlines (30 min): this test bounds its own
+            # wait by the deadline the other tests here give the broker (DEADLINES)
+            last = osb.wait(instance, answer.operation, timeout=DEADLINES["provision"])
+            assert last.body["state"] == "succeeded", last.body
+            [made] = list(admin.projects(tags=instance_tag(instance)))
+            assert osb.get_instance(instance).body["metadata"]["attributes"]["project_id"] == (
+                made.id
+            )
+            gone = osb.deprovision(instance, project["id"], plan["id"])
+            assert (
+                osb.wait(instance, gone.operation, timeout=DEADLINES["deprovision"]).status == 410
+            )
+            assert list(admin.projects(tags=instance_tag(instance))) == []
+    finally:
+        process.stop()
+        for left in admin.projects(tags=instance_tag(instance)):
+            admin.delete_project(left, ignore_missing=True)
