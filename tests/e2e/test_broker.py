@@ -219,7 +219,13 @@ def test_full_lifecycle_with_the_openstack_cli(broker: BrokerEnv) -> None:
     creds = got.body["credentials"]
     assert creds["cloud"] == "CloudTwo" and creds["project_id"] == project_id
     assert creds["router_url"] == "http://127.0.0.3:5000/v3"  # CloudTwo's router, not keystone
-    assert got.body["metadata"]["expires_at"].endswith("Z")
+    # 2.17 rotation hints: the plan's binding_lifetime (a day) sets when the keystone
+    # credential expires, and renew_before comes before it
+    metadata = got.body["metadata"]
+    assert metadata["expires_at"].endswith("Z") and metadata["renew_before"].endswith("Z")
+    assert metadata["renew_before"] < metadata["expires_at"]
+    [made] = _credentials_named(broker, "CloudTwo", binding)
+    assert made.expires_at is not None and made.expires_at[:16] == metadata["expires_at"][:16]
     clouds_yaml = creds["clouds_yaml"]
     entry = yaml.safe_load(clouds_yaml)["clouds"][creds["os_cloud"]]
     assert entry["auth_type"] == "v3applicationcredential"
