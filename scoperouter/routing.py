@@ -269,10 +269,16 @@ def _one_of(
     cloud: str,
 ) -> Forward | Reject:
     """One cloud of a combined expression. The scope it carries on names that cloud alone
-    for the service: the next router must deliver the request, not combine it again (two
-    routers fanning out to each other would multiply it until the hop limit)."""
+    for the service (and for the services that follow it, see FOLLOWS): the next router must
+    deliver the request, not combine it again (two routers fanning out to each other would
+    multiply it until the hop limit)."""
     service_type = match.endpoint.service_type
-    scope = Scope.of({**prepared.entries, service_type: CloudName(cloud)})
+    combined = prepared.entries.get(service_type)
+    narrowed: dict[str, Expr] = {service_type: CloudName(cloud)}
+    for follower, leader in FOLLOWS.items():  # placement goes where its compute goes
+        if leader == service_type and prepared.entries.get(follower) == combined:
+            narrowed[follower] = CloudName(cloud)
+    scope = Scope.of({**prepared.entries, **narrowed})
     set_headers = dict(base_headers)
     scope_json = scope.to_json()
     set_headers[SCOPE_HEADER] = scope_json

@@ -66,6 +66,22 @@ def test_and_on_a_list_is_a_fan_out_with_one_forward_per_cloud(catalog: Catalog)
     assert decision.plan.clouds == ("CloudTwo", "CloudOne") and decision.plan.limit == 3
 
 
+def test_a_part_narrows_the_services_that_follow_its_service(catalog: Catalog) -> None:
+    # Completion made placement follow compute's "CloudOne & CloudTwo": each part names its
+    # cloud for both, or the next router refuses compute (placement named elsewhere).
+    f = facts('{"compute": "CloudOne & CloudTwo"}', "/v2.1/servers", port=8774)
+    decision = decide(f, catalog, "CloudOne", combined=True)
+    assert isinstance(decision, FanOut)
+    for label, part in decision.parts:
+        assert isinstance(part, Forward)
+        carried = json.loads(part.set_headers["x-scope"])
+        assert carried["compute"] == carried["placement"] == label
+        again = decide(
+            facts(part.set_headers["x-scope"], "/v2.1/servers", port=8774), catalog, label
+        )
+        assert isinstance(again, Forward) and again.cloud == label and not again.remote
+
+
 def test_and_on_a_write_or_a_single_resource_is_a_400(catalog: Catalog) -> None:
     scope = '{"image": "CloudOne & CloudTwo"}'
     for method, path in (
