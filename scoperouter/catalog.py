@@ -143,6 +143,10 @@ class Breaker:
     down_for: float = 10.0  # seconds requests for it fail fast, before one probe request
 
 
+DataPath = Literal["mitmproxy", "lean"]
+DATA_PATHS: tuple[DataPath, ...] = ("mitmproxy", "lean")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     hop_limit: int = 8
@@ -154,6 +158,10 @@ class Settings:
     verify: bool = True
     limits: Limits = field(default_factory=Limits)
     breaker: Breaker = field(default_factory=Breaker)
+    # Who carries reverse-mode traffic (frontends, router-to-router hops): mitmproxy, or the
+    # router's own asyncio + httptools server (scoperouter.proxy.lean). The forward proxy
+    # listener is mitmproxy's either way.
+    data_path: DataPath = "mitmproxy"
 
     def __post_init__(self) -> None:
         # routing.decide lets a request without X-Scope-Hops (0 hops) through unchecked.
