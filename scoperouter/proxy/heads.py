@@ -16,6 +16,21 @@ from scoperouter.catalog import Limits
 # have no place in OpenStack's headers either. Lines are split on LF and lose their CR first.
 CONTROL = re.compile(rb"[\x00-\x08\x0b-\x1f\x7f]")
 CONTROL_MESSAGE = "the request head contains a control character (NUL, CR or another; RFC 9110 5.5)"
+# Fields a proxy does not pass on as they are (RFC 9110 7.6.1), framing included: the lean
+# path writes its own; `expect` because the router answers 100-continue itself.
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"content-length",
+        b"expect",
+    }
+)
 LINGER_SECONDS = 2.0  # after refusing, read and drop what the client still sends, then close
 
 

@@ -84,19 +84,7 @@ POOL_IDLE_MAX = 64  # idle upstream connections kept per destination
 POOL_IDLE_SECONDS = 15.0  # an idle upstream connection older than this is closed
 REGION_MAX = 1024 * 1024  # a token validation's body is rewritten up to this size
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
-HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-        b"content-length",
-        b"expect",
-    }
-)
+HOP_BY_HOP = heads.HOP_BY_HOP
 _CONTROL = heads.CONTROL
 
 

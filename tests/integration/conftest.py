@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from .backends import EchoBackend, RawServer, SilentServer
 from . import routers as routers_module
+from .backends import EchoBackend, RawServer, SilentServer
 from .routers import Router, cloud_entry, free_port, start_all, stop_all, write_config
 
 DATA_PATHS = tuple(
@@ -40,6 +40,7 @@ def data_path(request: pytest.FixtureRequest) -> Iterator[str]:
     routers_module.DATA_PATH = request.param
     yield request.param
     routers_module.DATA_PATH = "mitmproxy"
+
 
 CONNECT_TIMEOUT = 1.0
 RESPONSE_TIMEOUT = 1.5
