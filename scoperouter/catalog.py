@@ -345,7 +345,10 @@ class Catalog:
     def describe(self) -> str:
         """A one-line summary for logs."""
         n_endpoints = sum(len(c.endpoints) for c in self.clouds.values())
-        return f"{len(self.clouds)} clouds, {n_endpoints} endpoints"
+        return (
+            f"{len(self.clouds)} clouds, {n_endpoints} endpoints, "
+            f"data path {self.settings.data_path}"
+        )
 
 
 _INTERFACE_RANK = {name: rank for rank, name in enumerate(INTERFACES)}
