@@ -158,10 +158,10 @@ class Settings:
     verify: bool = True
     limits: Limits = field(default_factory=Limits)
     breaker: Breaker = field(default_factory=Breaker)
-    # Who carries reverse-mode traffic (frontends, router-to-router hops): mitmproxy, or the
-    # router's own asyncio + httptools server (scoperouter.proxy.lean). The forward proxy
+    # Who carries reverse-mode traffic (frontends, router-to-router hops): the router's own
+    # asyncio + httptools server (scoperouter.proxy.lean), or mitmproxy. The forward proxy
     # listener is mitmproxy's either way.
-    data_path: DataPath = "mitmproxy"
+    data_path: DataPath = "lean"
 
     def __post_init__(self) -> None:
         # routing.decide lets a request without X-Scope-Hops (0 hops) through unchecked.
