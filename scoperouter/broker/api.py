@@ -20,6 +20,7 @@ response and put on every log line of the request, one access-log line per reque
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hmac
@@ -159,6 +160,45 @@ class Answer:
 # ---------------------------------------------------------------------------- middleware
 
 
+HEALTH_PATH = "/healthz"
+
+
+class Health:
+    """``GET /healthz`` for probes (Kubernetes, load balancers): no authentication, no version
+    header, no data in the answer; 200 while the database answers a trivial query within
+    `timeout` seconds, else 503 (the cause is logged). A replica whose database is gone stops
+    getting traffic, while the catalog alone (config only) would still look fine.
+
+    The query blocks, so it runs in a thread, one at a time: probes that arrive while one runs
+    share its result, and a database that hangs ties up one thread, not one per probe."""
+
+    OK = b'{"status":"ok"}'
+    DOWN = b'{"status":"unavailable"}'
+
+    def __init__(self, ping: Callable[[], None], timeout: float = 5.0) -> None:
+        self._ping = ping
+        self._timeout = timeout
+        self._running: asyncio.Future[bool] | None = None
+
+    def _check(self) -> bool:
+        try:
+            self._ping()
+        except Exception as exc:
+            log.warning("health: the database does not answer: %s", logs.short_error(exc))
+            return False
+        return True
+
+    async def __call__(self) -> Answer:
+        if self._running is None or self._running.done():
+            self._running = asyncio.ensure_future(asyncio.to_thread(self._check))
+        try:
+            ok = await asyncio.wait_for(asyncio.shield(self._running), self._timeout)
+        except TimeoutError:
+            log.warning("health: the database did not answer in %.0f s", self._timeout)
+            ok = False
+        return Answer(200, self.OK) if ok else Answer(503, self.DOWN)
+
+
 POLL_PATH = re.compile(
     r"^/v2/service_instances/([^/]+)(?:/service_bindings/([^/]+))?/last_operation$"
 )
@@ -178,9 +218,11 @@ class BrokerMiddleware:
         password: str,
         min_version: str,
         poll: Callable[[str, bytes], Answer | None] | None = None,
+        health: Health | None = None,
     ) -> None:
         self.app = app
         self._poll = poll
+        self._health = health
         expected = base64.b64encode(f"{username}:{password}".encode()).decode()
         self._auth = f"Basic {expected}".encode()
         self._min = parse_api_version(min_version)
@@ -212,9 +254,13 @@ class BrokerMiddleware:
 
         with logs.identity(request_id or None):
             try:
-                answer = self._refuse(headers)
-                if answer is None and self._poll is not None and scope["method"] == "GET":
-                    answer = self._poll(scope["path"], scope.get("query_string", b""))
+                get = scope["method"] == "GET"
+                if get and self._health is not None and scope["path"] == HEALTH_PATH:
+                    answer: Answer | None = await self._health()  # open: probes carry nothing
+                else:
+                    answer = self._refuse(headers)
+                    if answer is None and self._poll is not None and get:
+                        answer = self._poll(scope["path"], scope.get("query_string", b""))
                 if answer is not None:
                     await answer(scope, receive, send_with_identity)
                 else:
@@ -1094,6 +1140,7 @@ def create_app(broker: Broker, *, worker: Worker | None = None, password: str) -
         password=password,
         min_version=broker.config.min_api_version,
         poll=api.poll,
+        health=Health(broker.store.ping),
     )
 
 

@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from scoperouter.broker.config import BrokerConfig, BrokerConfigError, load_config
+from scoperouter.broker.parent import die_with_parent
 
 log = logging.getLogger("scoperouter.broker")
 
@@ -240,11 +241,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # One listening socket, several processes accepting on it (the GIL makes one process use
     # one core); each builds its own engines and threads after the fork.
     children: list[int] = []
+    parent = os.getpid()
     for _ in range(processes):
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child exits here
             code = 1
             try:
+                # a parent that dies (even SIGKILLed) takes its children along: none keeps
+                # answering on the port that a restarted broker must bind again
+                die_with_parent(signal.SIGTERM, parent)
                 code = _serve_process(config, password, sock, workers, host, port)
             finally:
                 os._exit(code)

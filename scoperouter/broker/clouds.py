@@ -14,6 +14,7 @@ provisions does not read it once each).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -161,10 +162,16 @@ class FederationClouds:
         with self._lock:
             if self._config is None:
                 from openstack import config as os_config
+                from openstack.config import loader
 
+                # load_envvars=False keeps OS_* variables (an OS_PASSWORD of whoever started
+                # the broker) out of the broker's clouds, but also makes openstacksdk ignore
+                # $OS_CLIENT_CONFIG_FILE / $OS_CLIENT_SECURE_FILE: those two are read here
                 self._config = os_config.OpenStackConfig(
-                    config_files=self._config_files,
-                    secure_files=self._secure_files,
+                    config_files=self._config_files
+                    or search_path("OS_CLIENT_CONFIG_FILE", loader.CONFIG_FILES),
+                    secure_files=self._secure_files
+                    or search_path("OS_CLIENT_SECURE_FILE", loader.SECURE_FILES),
                     load_envvars=False,
                 )
             return self._config
@@ -238,6 +245,12 @@ def _json(response: Any) -> Mapping[str, Any]:
     if not isinstance(data, Mapping):
         raise CloudUnavailable("placement answered something that is not a JSON object")
     return data
+
+
+def search_path(variable: str, defaults: Sequence[str]) -> list[str]:
+    """openstacksdk's files to read: the one `$variable` names first, then its usual ones."""
+    named = os.environ.get(variable)
+    return ([named] if named else []) + list(defaults)
 
 
 def _short(exc: BaseException) -> str:

@@ -51,3 +51,11 @@ def setup_logging(level: str = "INFO", stream: object = None) -> None:
     # keystoneauth logs request bodies at DEBUG, with secrets: never below INFO
     for noisy in ("keystoneauth", "openstack", "urllib3", "stevedore"):
         logging.getLogger(noisy).setLevel(max(logging.INFO, logging.getLevelName(level)))
+
+
+def short_error(exc: BaseException) -> str:
+    """An exception as one short line (type and first line of its text) for descriptions and
+    logs: never a traceback, and at most 300 characters of what a library put in it."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    name = type(exc).__name__
+    return f"{name}: {text[:300]}" if text else name

@@ -225,6 +225,9 @@ def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
 
+CONNECT_TIMEOUT = 10  # seconds, PostgreSQL
+
+
 def make_engine(url: str, *, immediate: bool | None = False, pool_size: int = 10) -> Engine:
     """An engine for `url`. On SQLite, connections use WAL and a busy timeout, and
     `immediate` says how transactions begin: True ``BEGIN IMMEDIATE`` (writers: the write lock
@@ -258,7 +261,15 @@ def make_engine(url: str, *, immediate: bool | None = False, pool_size: int = 10
                 connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
         return engine
-    return create_engine(url, pool_size=pool_size, max_overflow=20, pool_pre_ping=True)
+    # connect_timeout: a database that does not answer fails a request in seconds, not after
+    # the kernel's TCP retries (minutes)
+    return create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=20,
+        pool_pre_ping=True,
+        connect_args={"connect_timeout": CONNECT_TIMEOUT},
+    )
 
 
 class Store:
@@ -291,6 +302,12 @@ class Store:
     def read(self) -> Iterator[Session]:
         with self._read() as session, session.begin():
             yield session
+
+    def ping(self) -> None:
+        """One trivial query on the broker's own table: raises when the database does not
+        answer or has no schema (`/healthz`)."""
+        with self._read_engine.connect() as conn:
+            conn.execute(select(Operation.id).limit(1)).all()
 
     def create_all(self) -> None:
         """Tables without migrations: for tests only (``broker db upgrade`` in real use)."""

@@ -240,12 +240,6 @@ def _replace(view: Any, **changes: Any) -> Any:
     return dataclasses.replace(view, **changes)
 
 
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    name = type(exc).__name__
-    return f"{name}: {text[:300]}" if text else name
-
-
 class Runner:
     """Runs passes of operations for one broker (shared by worker threads and the API's
     inline synchronous binds)."""
@@ -315,7 +309,7 @@ class Runner:
             except Exception as exc:
                 delay = min(self.max_retry, 2.0 ** min(op.attempts, 10))
                 log.warning("%s %s: pass failed, retrying in %.0fs: %s", op.kind, op.id, delay, exc)
-                outcome = Pending(f"retrying after an error: {_short(exc)}", delay)
+                outcome = Pending(f"retrying after an error: {logs.short_error(exc)}", delay)
             if self.heartbeat.lost(op.id):
                 log.warning("%s %s: lease lost during the pass; outcome dropped", op.kind, op.id)
                 return None

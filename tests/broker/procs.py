@@ -3,6 +3,8 @@ on a free loopback port, with the fake service loaded by import path."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import signal
 import subprocess
@@ -14,6 +16,7 @@ from typing import Any
 import httpx
 import yaml
 
+from scoperouter.broker.parent import preexec_die_with_parent
 from scoperouter.broker.secrets import generate_key
 from tests.broker.conftest import PASSWORD
 from tests.broker.pg import free_port
@@ -49,7 +52,13 @@ def write_config(
 
 
 class BrokerProcess:
-    """One `serve` process; `url` answers once started."""
+    """One `serve` process; `url` answers once started.
+
+    It never outlives the test run: it runs in its own process group (so a multi-process
+    `serve` goes as a whole), the kernel SIGKILLs it when the test process dies (even
+    SIGKILLed: PR_SET_PDEATHSIG, so start it from the main thread), a start that fails or is
+    interrupted kills it before raising, and whatever is still running at interpreter exit is
+    killed (`kill_all`, an atexit hook)."""
 
     keys = generate_key()
 
@@ -74,8 +83,25 @@ class BrokerProcess:
         argv += ["--listen", self.listen]
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=ROOT,
+                start_new_session=True,
+                preexec_fn=preexec_die_with_parent(signal.SIGKILL),
             )
+        RUNNING.add(self)
+        try:
+            self._wait_serving(timeout)
+        except BaseException:  # a timeout, an early exit, a Ctrl-C: nothing left running
+            self.kill()
+            raise
+        return self
+
+    def _wait_serving(self, timeout: float) -> None:
+        assert self.proc is not None
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.proc.poll() is not None:
@@ -90,23 +116,61 @@ class BrokerProcess:
                     timeout=1,
                 )
                 if r.status_code == 200:
-                    return self
+                    return
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        self.kill()  # never leave a half-started broker running behind a failed test
-        raise RuntimeError(f"broker did not start:\n{self.log.read_text()[-3000:]}")
+        raise RuntimeError(
+            f"broker did not start in {timeout:.0f} s:\n{self.log.read_text()[-3000:]}"
+        )
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
 
     def kill(self) -> None:
-        """SIGKILL: no cleanup of any kind, as a crash."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
+        """SIGKILL to the whole process group: no cleanup of any kind, as a crash."""
+        if self.proc is not None:
+            self._end(signal.SIGKILL, 0)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        """SIGTERM (a `serve` parent forwards it to its processes), SIGKILL after 15 s."""
+        if self.proc is not None:
+            self._end(signal.SIGTERM, 15)
+
+    def _end(self, signum: int, grace: float) -> None:
+        """Signal the process, wait up to `grace`, then SIGKILL its group; reap it last, so
+        its pid (= the group id) cannot have been reused by then."""
+        assert self.proc is not None
+        pid = self.proc.pid
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+            end = time.monotonic() + grace
+            while time.monotonic() < end and not _exited(pid):
+                time.sleep(0.05)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)  # the group: forked `serve` processes too
+            self.proc.wait(30)
+        RUNNING.discard(self)
+
+
+def _exited(pid: int) -> bool:
+    """Whether our child `pid` has exited, without reaping it."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return info is not None
+
+
+RUNNING: set[BrokerProcess] = set()
+
+
+@atexit.register
+def kill_all() -> None:
+    """Kill every broker the harness started and did not stop (pytest exiting on an error)."""
+    for broker in list(RUNNING):
+        with contextlib.suppress(Exception):
+            broker.kill()

@@ -136,3 +136,22 @@ def test_connections_are_cached_per_cloud_project_and_scope(tmp_path: Path) -> N
 def test_a_cloud_listed_twice_is_refused() -> None:
     with pytest.raises(ValueError, match="listed twice"):
         FederationClouds([CloudAccess(name="A", entry="a"), CloudAccess(name="A", entry="b")])
+
+
+def test_the_clouds_yaml_named_by_the_environment_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No `clouds_yaml` in the config: $OS_CLIENT_CONFIG_FILE names the file (the README's
+    quick start and the Kubernetes deployment rely on it), while other OS_* variables stay out
+    of the broker's clouds."""
+    path = tmp_path / "elsewhere.yaml"
+    entry = {"auth": {"auth_url": "http://127.0.0.9:5000/v3"}, "region_name": "R1"}
+    path.write_text(yaml.safe_dump({"clouds": {"far": entry}}))
+    monkeypatch.setenv("OS_CLIENT_CONFIG_FILE", str(path))
+    monkeypatch.setenv("OS_REGION_NAME", "not-this-one")
+    clouds = FederationClouds([CloudAccess(name="Far", entry="far")])
+    assert clouds.region("Far") == "R1"
+    assert clouds.identity_url("Far") == "http://127.0.0.9:5000/v3"
+    monkeypatch.delenv("OS_CLIENT_CONFIG_FILE")
+    with pytest.raises(CloudUnavailable, match="far"):
+        FederationClouds([CloudAccess(name="Far", entry="far")]).region("Far")

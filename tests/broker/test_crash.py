@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from scoperouter.broker.osbclient import OSBClient
@@ -33,7 +34,7 @@ class Env:
         self.state = tmp / "cloud"
         self.config = write_config(tmp / "broker.yaml", db_url, self.state)
         self.log = tmp / "broker.log"
-        self.broker = BrokerProcess(self.config, self.log).start()
+        self.broker = BrokerProcess(self.config, self.log)
         self.osb = OSBClient(self.broker.url, "broker", PASSWORD, timeout=30)
         self.store = Store(db_url)
 
@@ -65,8 +66,11 @@ class Env:
 @pytest.fixture
 def env(db_url: str, tmp_path: Path) -> Iterator[Env]:
     e = Env(db_url, tmp_path)
-    yield e
-    e.close()
+    try:
+        e.broker.start()
+        yield e
+    finally:
+        e.close()
 
 
 def _provision(env: Env, instance: str, **params: Any) -> str:
@@ -76,6 +80,14 @@ def _provision(env: Env, instance: str, **params: Any) -> str:
     return answer.operation
 
 
+# The two slowest tests of the default run (about 15 s each a database): here on SQLite; on
+# PostgreSQL in CI's e2e step (tests/e2e/test_broker_crash_postgresql.py). The code path they
+# exercise is the same on both databases; the claim and lease queries that differ run on both
+# in the default run (test_worker.py, the replica test below).
+SQLITE_HERE = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
+
+@SQLITE_HERE
 def test_sigkill_during_provision_at_three_points(env: Env) -> None:
     # 1. in the first pass, before anything is built
     op1 = _provision(env, "k1", sleep=1.0)
@@ -103,6 +115,7 @@ def test_sigkill_during_provision_at_three_points(env: Env) -> None:
     assert sorted(steps) == ["0", "1", "2"], journal  # no step was redone
 
 
+@SQLITE_HERE
 def test_sigkill_during_bind_and_deprovision(env: Env) -> None:
     op = _provision(env, "b")
     assert env.osb.wait("b", op).body["state"] == "succeeded"
@@ -169,18 +182,18 @@ def test_concurrent_identical_requests_make_one_resource(env: Env) -> None:
     assert fakes.journal(env.state).count("create-binding one") == 1
 
 
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)  # replicas share one
 def test_two_replicas_never_run_one_operation_twice(db_url: str, tmp_path: Path) -> None:
-    if not db_url.startswith("postgresql"):
-        pytest.skip("replicas share a PostgreSQL database")
     state = tmp_path / "cloud"
     config = write_config(tmp_path / "broker.yaml", db_url, state, threads=3)
-    replicas = [
-        BrokerProcess(
-            config, tmp_path / f"broker{i}.log", listen=f"127.0.0.1:{free_port()}"
-        ).start()
-        for i in range(2)
-    ]
+    replicas: list[BrokerProcess] = []
     try:
+        for i in range(2):  # one at a time, each stopped below even if the next fails to start
+            replica = BrokerProcess(
+                config, tmp_path / f"broker{i}.log", listen=f"127.0.0.1:{free_port()}"
+            )
+            replicas.append(replica)
+            replica.start()
         clients = [OSBClient(r.url, "broker", PASSWORD) for r in replicas]
         ops = {}
         for i in range(12):
@@ -215,6 +228,8 @@ def test_serve_with_two_processes_on_one_port(sqlite_url: str, tmp_path: Path) -
     config.write_text(yaml.safe_dump(data))
     broker = BrokerProcess(config, tmp_path / "broker.log").start()
     try:
+        # the probe route of a real serve process: open, 200 while the database answers
+        assert httpx.get(broker.url + "/healthz", timeout=10).json() == {"status": "ok"}
         with OSBClient(broker.url, "broker", PASSWORD) as osb:
             ops = {f"p{i}": osb.provision(f"p{i}", S, P, {}).operation for i in range(6)}
             for name, op in ops.items():

@@ -402,20 +402,26 @@ def test_broker_runs_replicas_on_postgresql_after_its_migration_job() -> None:
     # the probe logs in with the platform's username: broker.yaml's must be that Secret's key
     username = env["SCOPEROUTER_BROKER_USERNAME"]["valueFrom"]["secretKeyRef"]
     assert username == {"name": "scoperouter-broker-auth", "key": "username"}
-    probe = " ".join(container["readinessProbe"]["exec"]["command"])
+    probe = " ".join(container["startupProbe"]["exec"]["command"])
     assert f"127.0.0.1:{port}/v2/catalog" in probe and "X-Broker-API-Version" in probe
+    # readiness: the broker's open /healthz (200 while its database answers)
+    ready = container["readinessProbe"]["httpGet"]
+    assert ready["path"] == "/healthz"
+    assert ready["port"] in _container_ports(container)
+    named = {p["name"]: p["containerPort"] for p in container["ports"] if "name" in p}
+    assert named.get(ready["port"], ready["port"]) == port
     migrate_env = {e["name"] for e in migrate["env"]}
     assert "SCOPEROUTER_BROKER_DATABASE_URL" in migrate_env
     assert job["spec"]["template"]["spec"]["restartPolicy"] in {"OnFailure", "Never"}
 
 
-def test_the_broker_readiness_probe_is_valid_python() -> None:
+def test_the_broker_startup_probe_is_valid_python() -> None:
     [deployment] = _of_kind(_render("broker-production"), "Deployment")
-    command = deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["exec"][
+    command = deployment["spec"]["template"]["spec"]["containers"][0]["startupProbe"]["exec"][
         "command"
     ]
     assert command[:2] == ["python", "-c"]
-    compile(command[2], "readinessProbe", "exec")
+    compile(command[2], "startupProbe", "exec")
 
 
 # The fields of servicecatalog.k8s.io/v1beta1 ClusterServiceBroker's spec, from

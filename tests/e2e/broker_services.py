@@ -125,14 +125,21 @@ class RSSSampler:
         self._thread.join()
 
 
+# The broker's operation deadlines here; a wait lasts the deadline plus what a worker takes to
+# get to an operation (a lease, a retry's backoff, a poll), as in test_broker.py.
+DEADLINES = {"provision": 600.0, "deprovision": 600.0, "bind": 120.0, "unbind": 120.0}
+LEASE, MAX_RETRY, POLL = 30.0, 10.0, 5.0
+
+
 class OSBBroker:
     """`scoperouter broker serve` (a real process, SQLite) with the server and image services
     on the lab's clouds, and the project's OSB client sending what Cloud Foundry sends, for
     the space `space` of this run."""
 
-    def __init__(self, lab: Any, tmp: Path, space: str = "osb") -> None:
+    def __init__(self, lab: Any, tmp: Path, space: str = "osb", lease: float = LEASE) -> None:
         self.lab = lab
         self.tmp = tmp
+        self.lease = lease
         config = {
             "listen": f"127.0.0.1:{free_port()}",
             "database": {"url": f"sqlite:///{tmp / 'broker.db'}"},
@@ -140,16 +147,18 @@ class OSBBroker:
             "clouds": {c.name: {"entry": f"{c.slug}-admin"} for c in lab.clouds[:2]},
             "worker": {
                 "threads": 4,
-                "lease_seconds": 30,
-                "heartbeat_seconds": 5,
+                "lease_seconds": lease,
+                "heartbeat_seconds": lease / 4,
                 "poll_seconds": 0.2,
+                "max_retry_seconds": MAX_RETRY,
             },
             "services": {
                 "openstack-server": {
                     "networks": "none",
+                    "deadlines": DEADLINES,
                     "plans": [{"name": "tiny", "flavor": "m1.tiny"}],
                 },
-                "openstack-image": {"plans": [{"name": "copy"}]},
+                "openstack-image": {"deadlines": DEADLINES, "plans": [{"name": "copy"}]},
             },
         }
         self.config = tmp / "broker.yaml"
@@ -159,8 +168,12 @@ class OSBBroker:
         self.osb = OSBClient(
             self.process.url, "broker", PASSWORD, context=context(space), timeout=60
         )
-        catalog = self.osb.catalog()
-        assert catalog.status == 200, catalog.body
+        try:
+            catalog = self.osb.catalog()
+            assert catalog.status == 200, catalog.body
+        except BaseException:  # no fixture teardown for a constructor that raised
+            self.process.kill()
+            raise
         self.ids = {s["name"]: (s["id"], s["plans"][0]["id"]) for s in catalog.body["services"]}
 
     @property
@@ -168,20 +181,32 @@ class OSBBroker:
         assert self.process.proc is not None
         return self.process.proc.pid
 
+    def wait(
+        self, iid: str, operation: str | None, kind: str, binding_id: str | None = None
+    ) -> Any:
+        """The operation's final answer, which the broker owes by its deadline."""
+        timeout = DEADLINES[kind] + self.lease + MAX_RETRY + POLL
+        return self.osb.wait(iid, operation, binding_id=binding_id, timeout=timeout)
+
+    def restart(self) -> None:
+        """SIGKILL (no cleanup of any kind) and a new process on the same port and database."""
+        self.process.kill()
+        self.process = BrokerProcess(self.config, self.log, listen=self.process.listen).start()
+
     def provision(self, service: str, label: str, parameters: dict[str, Any]) -> tuple[str, Any]:
         """Provision and wait: (instance id, the final last_operation answer)."""
         service_id, plan_id = self.ids[service]
         iid = instance_id(label)
         answer = self.osb.provision(iid, service_id, plan_id, parameters)
         assert answer.status == 202, answer.body
-        return iid, self.osb.wait(iid, answer.operation, timeout=600)
+        return iid, self.wait(iid, answer.operation, "provision")
 
     def bind(self, service: str, iid: str, suffix: str = "b") -> tuple[str, dict[str, Any]]:
         service_id, plan_id = self.ids[service]
         binding = f"{iid}-{suffix}"
         answer = self.osb.bind(iid, binding, service_id, plan_id)
         assert answer.status == 202, answer.body
-        last = self.osb.wait(iid, answer.operation, binding_id=binding, timeout=120)
+        last = self.wait(iid, answer.operation, "bind", binding)
         assert last.body["state"] == "succeeded", last.body
         got = self.osb.get_binding(iid, binding)
         assert got.status == 200, got.body
@@ -191,13 +216,13 @@ class OSBBroker:
         service_id, plan_id = self.ids[service]
         answer = self.osb.unbind(iid, binding, service_id, plan_id)
         assert answer.status == 202, answer.body
-        assert self.osb.wait(iid, answer.operation, binding_id=binding).status == 410
+        assert self.wait(iid, answer.operation, "unbind", binding).status == 410
 
     def deprovision(self, service: str, iid: str) -> None:
         service_id, plan_id = self.ids[service]
         answer = self.osb.deprovision(iid, service_id, plan_id)
         assert answer.status == 202, answer.body
-        assert self.osb.wait(iid, answer.operation, timeout=600).status == 410
+        assert self.wait(iid, answer.operation, "deprovision").status == 410
 
     def openstack(self, clouds_yaml: str, *args: str) -> subprocess.CompletedProcess[str]:
         """The `openstack` CLI (with the --os-scope plugin) on a binding's clouds.yaml."""

@@ -1,12 +1,14 @@
 """openstack-server against the lab, through the broker's OSB API (a real `broker serve`
 process, driven by the project's OSB client as Cloud Foundry would): a server in CloudOne from
 CloudTwo's image with its whole lifecycle (bind, the binding's clouds.yaml with the `openstack`
-CLI, unbind, deprovision), ``most-free`` choosing the emptier cloud, and a refusal (a quota of
-0 instances) making the broker use the next cloud and say why."""
+CLI, unbind, deprovision), ``most-free`` choosing the emptier cloud, a refusal (a quota of
+0 instances) making the broker use the next cloud and say why, a SIGKILL after the create
+reached nova (one server, never two) and a DELETE during provisioning."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,15 @@ import yaml
 
 from scoperouter.broker.identity import space_of
 from scoperouter.broker.services.server import METADATA_KEY, instance_tag
-from tests.e2e.broker_services import RUN, OSBBroker, broker_clouds, context, identity, sweep
+from tests.e2e.broker_services import (
+    RUN,
+    OSBBroker,
+    broker_clouds,
+    context,
+    identity,
+    instance_id,
+    sweep,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -153,3 +163,46 @@ def _fill(clouds, cloud: str, image_id: str) -> Any:
     server = admin.compute.wait_for_server(server, wait=300)
     assert server.status == "ACTIVE"
     return server
+
+
+def _until(predicate: Any, timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.3)
+
+
+def test_sigkill_mid_provision_and_delete_during_provisioning(lab, clouds, fed, tmp_path):
+    """On the lab's nova: a broker SIGKILLed once its create reached nova is replaced by a
+    restarted one that finds the server by its tag (never a second one); a DELETE while a
+    server is being provisioned stops the provision and removes the server."""
+    one, two, _ = fed
+    env = OSBBroker(lab, tmp_path, space="osb-crash", lease=4.0)
+    service_id, plan_id = env.ids[SERVER]
+    params = {"image": "tiny", "where": {"cloud": one.name}}
+    try:
+        iid = instance_id("crash")
+        answer = env.osb.provision(iid, service_id, plan_id, params)
+        assert answer.status == 202, answer.body
+        _until(lambda: _tagged(clouds, iid)[one.name], 120, "the create to reach nova")
+        env.restart()
+        last = env.wait(iid, answer.operation, "provision")
+        assert last.body["state"] == "succeeded", last.body
+        assert len(_tagged(clouds, iid)[one.name]) == 1 and _tagged(clouds, iid)[two.name] == []
+        env.deprovision(SERVER, iid)
+        assert _tagged(clouds, iid) == {one.name: [], two.name: []}
+
+        iid = instance_id("cancel")
+        answer = env.osb.provision(iid, service_id, plan_id, params)
+        assert answer.status == 202, answer.body
+        _until(lambda: _tagged(clouds, iid)[one.name], 120, "the create to reach nova")
+        gone = env.osb.deprovision(iid, service_id, plan_id)
+        assert gone.status == 202, gone.body
+        assert env.wait(iid, gone.operation, "deprovision").status == 410
+        assert _tagged(clouds, iid) == {one.name: [], two.name: []}  # nothing left anywhere
+        final = env.osb.last_operation(iid, answer.operation)
+        assert final.status == 200 and final.body["state"] != "in progress", final.body
+        assert env.osb.deprovision(iid, service_id, plan_id).status == 410  # idempotent
+    finally:
+        env.stop()
