@@ -157,9 +157,7 @@ def test_check_config_validates_the_data_path(
 ) -> None:
     for value, ok in (("lean", True), ("mitmproxy", True), ("fast", False)):
         path = tmp_path / f"{value}.yaml"
-        path.write_text(
-            SAMPLE.read_text().replace("data_path: lean", f"data_path: {value}", 1)
-        )
+        path.write_text(SAMPLE.read_text().replace("data_path: lean", f"data_path: {value}", 1))
         code, out, err = run(capsys, "check-config", str(path))
         if ok:
             assert code == 0 and f"data path {value})" in out, err
