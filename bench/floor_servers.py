@@ -34,19 +34,8 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import urlsplit
 
-HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-        b"content-length",
-    }
-)
-
+# the router's lean data path's list (the prototype it grew from drops the same fields)
+from scoperouter.proxy.heads import HOP_BY_HOP
 
 REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 

@@ -143,6 +143,10 @@ class Breaker:
     down_for: float = 10.0  # seconds requests for it fail fast, before one probe request
 
 
+DataPath = Literal["mitmproxy", "lean"]
+DATA_PATHS: tuple[DataPath, ...] = ("mitmproxy", "lean")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     hop_limit: int = 8
@@ -154,6 +158,10 @@ class Settings:
     verify: bool = True
     limits: Limits = field(default_factory=Limits)
     breaker: Breaker = field(default_factory=Breaker)
+    # Who carries reverse-mode traffic (frontends, router-to-router hops): the router's own
+    # asyncio + httptools server (scoperouter.proxy.lean), or mitmproxy. The forward proxy
+    # listener is mitmproxy's either way.
+    data_path: DataPath = "lean"
 
     def __post_init__(self) -> None:
         # routing.decide lets a request without X-Scope-Hops (0 hops) through unchecked.
@@ -337,7 +345,10 @@ class Catalog:
     def describe(self) -> str:
         """A one-line summary for logs."""
         n_endpoints = sum(len(c.endpoints) for c in self.clouds.values())
-        return f"{len(self.clouds)} clouds, {n_endpoints} endpoints"
+        return (
+            f"{len(self.clouds)} clouds, {n_endpoints} endpoints, "
+            f"data path {self.settings.data_path}"
+        )
 
 
 _INTERFACE_RANK = {name: rank for rank, name in enumerate(INTERFACES)}

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from scoperouter.catalog import (
+    DATA_PATHS,
     INTERFACES,
     URL,
     Breaker,
@@ -134,11 +135,18 @@ class _Loader:
         verify = doc.get("verify", True)
         if not isinstance(verify, bool):
             raise ConfigError(f"{where}.verify", f"must be true or false, not {verify!r}")
+        data_path = doc.get("data_path", defaults.data_path)
+        if data_path not in DATA_PATHS:
+            raise ConfigError(
+                f"{where}.data_path",
+                f"must be one of {', '.join(DATA_PATHS)}, not {data_path!r}",
+            )
         ca_bundle = doc.get("ca_bundle")
         if ca_bundle is not None:
             ca_bundle = self._file(ca_bundle, f"{where}.ca_bundle")
         return Settings(
             hop_limit=hop_limit,
+            data_path=data_path,
             ca_bundle=ca_bundle,
             verify=verify,
             limits=self.limits(doc.get("limits") or {}, f"{where}.limits"),

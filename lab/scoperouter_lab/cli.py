@@ -93,6 +93,12 @@ def register(
         help="fail when `scoperouter serve` is not usable (default: fall back to no router "
         "with a warning)",
     )
+    up.add_argument(
+        "--data-path",
+        choices=["mitmproxy", "lean"],
+        help="settings.data_path of the routers' federation config (default: what the lab "
+        "had, else the router's default); the lab's routers restart with it",
+    )
     _add_dir(up)
     up.set_defaults(lab_func=_up)
 
@@ -160,7 +166,9 @@ def _up(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"scoperouter lab up: {exc}", file=sys.stderr)
         return 2
-    return Lab(_dir(args.dir), args.clouds, services, router=args.router).up()
+    return Lab(
+        _dir(args.dir), args.clouds, services, router=args.router, data_path=args.data_path
+    ).up()
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ from scoperouter_lab.templates import Secrets
 
 def federation_config(
     rows_by_cloud: Mapping[CloudSpec, Sequence[Mapping[str, str]]],
+    data_path: str | None = None,
 ) -> dict[str, Any]:
     """The federation config (docs/design.md) from live keystone endpoint lists, by the
     project's catalog import (:func:`scoperouter.catalog_import.import_catalog`).
@@ -52,7 +53,9 @@ def federation_config(
                 credentials={c.name: router_entry(c) for c in others},
             )
         )
-    settings = {"hop_limit": 8, "connect_timeout": 5.0, "response_timeout": 120.0}
+    settings: dict[str, Any] = {"hop_limit": 8, "connect_timeout": 5.0, "response_timeout": 120.0}
+    if data_path is not None:  # `lab up --data-path`; else the router's default
+        settings["data_path"] = data_path
     return import_catalog(clouds, settings)
 
 

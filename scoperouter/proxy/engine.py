@@ -34,9 +34,19 @@ from mitmproxy.utils import asyncio_utils
 
 from scoperouter.catalog import Settings
 from scoperouter.proxy import mitm
-from scoperouter.proxy.addons import InFlight, RouterConfig, router_addons
+from scoperouter.proxy.addons import (
+    AccessLog,
+    HeadGuard,
+    InFlight,
+    Metrics,
+    RouterConfig,
+    TokenSwap,
+    UpstreamHealth,
+    router_addons,
+)
 from scoperouter.proxy.addons.chain import Chain
-from scoperouter.proxy.listeners import write_cert_bundles
+from scoperouter.proxy.lean import LeanServer
+from scoperouter.proxy.listeners import Listener, write_cert_bundles
 
 logger = logging.getLogger("scoperouter")
 
@@ -69,7 +79,9 @@ class Worker:
         workdir: Path,
         source: str | None = None,
         base_dir: Path | None = None,
+        sockets: Mapping[tuple[str, int], socket.socket] | None = None,
     ) -> None:
+        self.sockets = dict(sockets or {})
         self.config = RouterConfig(source, base_dir)
         self.chain = Chain(router_addons(self.config))
         self.options = options.Options()
@@ -85,6 +97,21 @@ class Worker:
         self.options.update(scoperouter_config=config_path, scoperouter_cloud=cloud)
         catalog = self.config.current()
         listeners = self.config.listeners
+        # data_path lean: the frontends are the lean server's, mitmproxy keeps the forward proxy.
+        self.lean: LeanServer | None = None
+        self.reverse: tuple[Listener, ...] = ()
+        if catalog.settings.data_path == "lean":
+            self.reverse = tuple(item for item in listeners if item.frontend is not None)
+            listeners = tuple(item for item in listeners if item.frontend is None)
+            chain = self.chain
+            self.lean = LeanServer(
+                self.config,
+                guard=chain.get(HeadGuard),
+                health=chain.get(UpstreamHealth),
+                swap=chain.get(TokenSwap),
+                log=chain.get(AccessLog),
+                metrics=chain.get(Metrics),
+            )
         self.options.update(
             **BASE_OPTIONS,
             **tls_options(catalog.settings),
@@ -120,6 +147,14 @@ class Worker:
             logger.error("could not start the listeners of %s; exiting", cloud)
             await ps.servers.update([])  # the ones that did start
             return 1
+        if self.lean is not None:
+            try:
+                await self.lean.start(self.reverse, self.sockets)
+            except OSError as exc:
+                logger.error("could not start the listeners of %s (%s); exiting", cloud, exc)
+                self.lean.stop_listening()
+                await ps.servers.update([])
+                return 1
         watcher = None
         if control is not None:
             reader, writer = await asyncio.open_connection(sock=control)
@@ -161,17 +196,24 @@ class Worker:
         seconds, then close what is left."""
         loop = asyncio.get_running_loop()
         await ps.servers.update([])
+        lean = self.lean
+        if lean is not None:
+            lean.stop_listening()
         inflight = self.chain.get(InFlight)
         deadline = loop.time() + grace
-        while ps.connections:
+        while ps.connections or (lean is not None and lean.connections):
             busy = inflight.busy()
             late = loop.time() > deadline
             for client_id in mitm.client_ids():
                 if late or client_id not in busy:
                     mitm.close_client(client_id)
+            if lean is not None:
+                lean.drain_step(late)
             if loop.time() > deadline + 1.0:
                 break
             await asyncio.sleep(0.02)
+        if lean is not None:
+            lean.close()
 
 
 def run_worker(
@@ -191,7 +233,7 @@ def run_worker(
 
         async def main() -> int:
             try:
-                worker = Worker(config_path, cloud, Path(workdir), source, base_dir)
+                worker = Worker(config_path, cloud, Path(workdir), source, base_dir, sockets)
             except exceptions.OptionsError as exc:
                 logger.error("cannot start the router of %s: %s", cloud, exc)
                 return 2

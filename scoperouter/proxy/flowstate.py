@@ -15,7 +15,7 @@ import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from mitmproxy import http
 
@@ -67,16 +67,39 @@ def begin(flow: http.HTTPFlow) -> FlowState:
     path = request.path.partition("?")[0]
     if flow.client_conn.proxy_mode.type_name == "regular":  # forward proxy: absolute URL
         path = f"{request.scheme}://{request.host}:{request.port}{path}"
-    headers = header_map(request.headers)
-    state = FlowState(
-        request_id=request_id(headers.get(REQUEST_ID_HEADER)),
-        headers=headers,
-        method=request.method,
-        path=path,
-        started=time.monotonic(),
-    )
+    state = new_state(request.method, path, header_map(request.headers))
     flow.metadata[META] = state
     return state
+
+
+def new_state(
+    method: str, path: str, headers: Mapping[str, str], started: float | None = None
+) -> FlowState:
+    """The state of a request whose head is in (both data paths start a request here)."""
+    return FlowState(
+        request_id=request_id(headers.get(REQUEST_ID_HEADER)),
+        headers=headers,
+        method=method,
+        path=path,
+        started=time.monotonic() if started is None else started,
+    )
+
+
+class HeadRefusal(Protocol):
+    """A request refused while its head was read, before any hook (both data paths)."""
+
+    @property
+    def status(self) -> int: ...
+    @property
+    def message(self) -> str: ...
+    @property
+    def method(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def started(self) -> float: ...
+    @property
+    def client_address(self) -> str | None: ...
 
 
 def header_map(headers: http.Headers) -> dict[str, str]:

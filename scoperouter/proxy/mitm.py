@@ -55,7 +55,6 @@ import asyncio
 import contextvars
 import inspect
 import logging
-import re
 import socket
 import time
 import types
@@ -76,6 +75,7 @@ from mitmproxy.proxy.layers.http._events import RequestHeaders
 
 from scoperouter.catalog import Limits
 from scoperouter.errors import error_body, status_title
+from scoperouter.proxy import heads
 
 logger = logging.getLogger("scoperouter")
 _access = logging.getLogger("scoperouter.access")
@@ -174,6 +174,11 @@ class Refusal:
     path: str
     started: float  # time.monotonic() of the head's first byte
 
+    @property
+    def client_address(self) -> str | None:
+        peer = self.client.peername
+        return f"{peer[0]}:{peer[1]}" if peer else None
+
 
 RefusalHandler = Callable[[Refusal], None]
 
@@ -184,10 +189,8 @@ def _no_handler(refusal: Refusal) -> None:
 
 _refusal_handler: RefusalHandler = _no_handler
 
-# RFC 9110 5.5: a field value with NUL, CR or LF must be refused; other controls (except HTAB)
-# have no place in OpenStack's headers either. Lines are split on LF and lose their CR first.
-_CONTROL = re.compile(rb"[\x00-\x08\x0b-\x1f\x7f]")
-LINGER_SECONDS = 2.0  # after refusing, read and drop what the client still sends, then close
+_CONTROL = heads.CONTROL
+LINGER_SECONDS = heads.LINGER_SECONDS
 
 
 class GuardedHttp1Server(_http1.Http1Server):
@@ -235,12 +238,7 @@ class GuardedHttp1Server(_http1.Http1Server):
                 started = self._head_started if self._head_started is not None else now
                 left = started + limits.header_timeout - now
                 if left <= 0:
-                    yield from self._refuse(
-                        408,
-                        f"the request head was not complete after {limits.header_timeout:g}s "
-                        "(header_timeout)",
-                        self._first_line(),
-                    )
+                    yield from self._refuse(408, heads.too_slow(limits), self._first_line())
                 else:
                     yield from self._arm(left)
             else:
@@ -322,36 +320,25 @@ class GuardedHttp1Server(_http1.Http1Server):
         lines: list[bytearray], head_size: int, limits: Limits
     ) -> tuple[int, str] | None:
         if len(lines[0]) > limits.max_request_line:
-            return 414, f"the request line is longer than {limits.max_request_line} bytes"
+            return 414, heads.line_too_long(limits)
         if len(lines) - 1 > limits.max_headers:
-            return 431, (
-                f"the request has {len(lines) - 1} header fields; at most "
-                f"{limits.max_headers} are accepted (max_headers)"
-            )
+            return 431, heads.too_many_fields(len(lines) - 1, limits)
         if head_size > limits.max_header_bytes:
-            return 431, GuardedHttp1Server._too_large(limits)
+            return 431, heads.too_large(limits)
         for number, line in enumerate(lines[1:], 1):
             if line and line[0] in (0x20, 0x09):  # SP or HTAB
-                return 400, (
-                    f"header field {number} is a continuation line (obs-fold, RFC 9112 5.2); "
-                    "send each field on one line"
-                )
+                return 400, heads.obs_fold(number)
         if _CONTROL.search(b"\n".join(lines)):
-            return 400, (
-                "the request head contains a control character (NUL, CR or another; RFC 9110 5.5)"
-            )
+            return 400, heads.CONTROL_MESSAGE
         return None
 
     @staticmethod
     def _too_large(limits: Limits) -> str:
-        return (
-            f"the request head (request line and header fields) is larger than "
-            f"{limits.max_header_bytes} bytes (max_header_bytes)"
-        )
+        return heads.too_large(limits)
 
     @staticmethod
     def _line_too_long(limits: Limits) -> str:
-        return f"the request line is longer than {limits.max_request_line} bytes"
+        return heads.line_too_long(limits)
 
     def _first_line(self) -> tuple[str, str]:
         """Method and path of a head still being read, when its first line is complete."""
@@ -398,12 +385,7 @@ class GuardedHttp1Server(_http1.Http1Server):
             self.state = self.done
 
 
-def _split_request_line(line: bytes | bytearray) -> tuple[str, str]:
-    """(method, path without query) of a request line, for logs; "-" for what is unreadable."""
-    parts = bytes(line).split(b" ")
-    method = parts[0].decode("ascii", "replace")[:16] if parts and parts[0] else "-"
-    path = parts[1].partition(b"?")[0].decode("ascii", "replace")[:256] if len(parts) > 1 else "-"
-    return method, path
+_split_request_line = heads.split_request_line
 
 
 def set_head_limits(limits: Limits) -> None:

@@ -81,7 +81,7 @@ def test_route_usage_errors_exit_2(
 
 def test_check_config_ok_and_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, out, _ = run(capsys, "check-config", CFG)
-    assert code == 0 and "OK (2 clouds, 8 endpoints)" in out
+    assert code == 0 and "OK (2 clouds, 8 endpoints, data path " in out
     bad = tmp_path / "bad.yaml"
     bad.write_text(SAMPLE.read_text().replace("hop_limit: 8", "hop_limit: -1"))
     code, _, err = run(capsys, "check-config", str(bad))
@@ -150,3 +150,17 @@ def test_serve_help_explains_workers_and_signals(capsys: pytest.CaptureFixture[s
     out = capsys.readouterr().out
     for part in ("--workers", "SO_REUSEPORT", "SIGHUP", "SIGTERM", "/metrics", "--drain"):
         assert part in out
+
+
+def test_check_config_validates_the_data_path(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    for value, ok in (("lean", True), ("mitmproxy", True), ("fast", False)):
+        path = tmp_path / f"{value}.yaml"
+        path.write_text(SAMPLE.read_text().replace("data_path: lean", f"data_path: {value}", 1))
+        code, out, err = run(capsys, "check-config", str(path))
+        if ok:
+            assert code == 0 and f"data path {value})" in out, err
+        else:
+            assert code == 1
+            assert "settings.data_path: must be one of mitmproxy, lean, not 'fast'" in err

@@ -16,11 +16,11 @@ from typing import Any
 from mitmproxy import http
 
 from scoperouter.errors import Reject
-from scoperouter.proxy import mitm
 from scoperouter.proxy.addons.config import RouterConfig
 from scoperouter.proxy.flowstate import (
     REQUEST_ID_HEADER,
     FlowState,
+    HeadRefusal,
     request_id,
     set_headers,
     state_of,
@@ -79,7 +79,7 @@ class AccessLog:
             fields["error"] = _short(error)
         access.info("%s %s %s", state.method, state.path, status or "-", extra={FIELDS: fields})
 
-    def refused(self, refusal: mitm.Refusal) -> None:
+    def refused(self, refusal: HeadRefusal) -> None:
         if not access.isEnabledFor(logging.INFO):
             return
         fields = {
@@ -90,16 +90,11 @@ class AccessLog:
             "ms": round((time.monotonic() - refusal.started) * 1000, 1),
             "decision": "refused",
             "reason": _short(refusal.message),
-            "client": _client(refusal),
+            "client": refusal.client_address,
         }
         access.info(
             "%s %s %s", refusal.method, refusal.path, refusal.status, extra={FIELDS: fields}
         )
-
-
-def _client(refusal: mitm.Refusal) -> str | None:
-    peer = refusal.client.peername
-    return f"{peer[0]}:{peer[1]}" if peer else None
 
 
 def _short(text: str, limit: int = 160) -> str:

@@ -100,6 +100,13 @@ class RouterConfig:
             metrics.RELOADS.labels("refused").inc()
             return False
         new = listeners_for(catalog, self.cloud)
+        if catalog.settings.data_path != self.current().settings.data_path:
+            logger.error(
+                "reload refused, keeping the current config: settings.data_path changed; "
+                "restart the router to apply it"
+            )
+            metrics.RELOADS.labels("refused").inc()
+            return False
         if listener_signature(new) != listener_signature(self.listeners):
             # The sockets cannot change in place (the supervisor refuses such a reload first).
             logger.error(

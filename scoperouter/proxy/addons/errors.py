@@ -60,36 +60,56 @@ class ErrorAnswers:
     ) -> tuple[int, str]:
         """Status and message for a forwarded request whose upstream failed."""
         assert flow.error is not None
-        reason = flow.error.msg
-        if LOOP_MESSAGE in reason:
-            target = (
-                _base(decision.url)
-                if decision.remote
-                else f"the {decision.service_type} backend of {decision.cloud}"
-            )
-            return 508, (
-                f"routing loop: {target} is an address of the router of {self.config.cloud} "
-                "itself; check the federation config"
-            )
-        if decision.remote:
-            what = f"the router of {decision.cloud} for the {decision.service_type} service"
-            where = f" at {_base(decision.url)}"
-        else:  # the backend addresses of this cloud are not for clients to see
-            what = f"the {decision.service_type} service of {decision.cloud}"
-            where = ""
-            reason = _hide_address(reason, flow.request.host)
-        timed_out = state.timed_out
-        if timed_out is None and mitm.CONNECT_TIMEOUT_MESSAGE in reason:
-            timed_out = "connect"
-        connect_timeout, response_timeout = self.config.current().settings.timeouts(decision.remote)
-        if timed_out == "connect":
-            return 504, f"timed out after {connect_timeout:g}s connecting to {what}{where}"
-        if timed_out == "response":
-            return 504, f"{what}{where} did not answer within {response_timeout:g}s"
         server = state.server or flow.server_conn
-        if server.timestamp_tcp_setup is None:
-            return 502, f"{what} is unreachable{where}: {reason}"
-        return 502, f"{what}{where} failed: {reason}"
+        return upstream_failure(
+            self.config,
+            decision,
+            state.timed_out,
+            flow.error.msg,
+            connected=server.timestamp_tcp_setup is not None,
+            host=flow.request.host,
+        )
+
+
+def upstream_failure(
+    config: RouterConfig,
+    decision: Forward,
+    timed_out: str | None,
+    reason: str,
+    *,
+    connected: bool,
+    host: str,
+) -> tuple[int, str]:
+    """Status and message for a forwarded request whose upstream failed (both data paths):
+    `reason` is the connection error, `connected` whether TCP was up, `host` the upstream's
+    host (hidden from clients when it is a backend of this cloud)."""
+    if LOOP_MESSAGE in reason:
+        target = (
+            _base(decision.url)
+            if decision.remote
+            else f"the {decision.service_type} backend of {decision.cloud}"
+        )
+        return 508, (
+            f"routing loop: {target} is an address of the router of {config.cloud} "
+            "itself; check the federation config"
+        )
+    if decision.remote:
+        what = f"the router of {decision.cloud} for the {decision.service_type} service"
+        where = f" at {_base(decision.url)}"
+    else:  # the backend addresses of this cloud are not for clients to see
+        what = f"the {decision.service_type} service of {decision.cloud}"
+        where = ""
+        reason = _hide_address(reason, host)
+    if timed_out is None and mitm.CONNECT_TIMEOUT_MESSAGE in reason:
+        timed_out = "connect"
+    connect_timeout, response_timeout = config.current().settings.timeouts(decision.remote)
+    if timed_out == "connect":
+        return 504, f"timed out after {connect_timeout:g}s connecting to {what}{where}"
+    if timed_out == "response":
+        return 504, f"{what}{where} did not answer within {response_timeout:g}s"
+    if not connected:
+        return 502, f"{what} is unreachable{where}: {reason}"
+    return 502, f"{what}{where} failed: {reason}"
 
 
 def _hide_address(reason: str, host: str) -> str:

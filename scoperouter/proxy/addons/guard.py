@@ -17,10 +17,11 @@ from typing import Protocol
 from scoperouter.catalog import Catalog
 from scoperouter.proxy import mitm
 from scoperouter.proxy.addons.config import RouterConfig
+from scoperouter.proxy.flowstate import HeadRefusal
 
 
 class RefusalSink(Protocol):
-    def refused(self, refusal: mitm.Refusal) -> None: ...
+    def refused(self, refusal: HeadRefusal) -> None: ...
 
 
 class HeadGuard:
@@ -38,6 +39,6 @@ class HeadGuard:
     def done(self) -> None:
         mitm.set_refusal_handler(None)
 
-    def refused(self, refusal: mitm.Refusal) -> None:
+    def refused(self, refusal: HeadRefusal) -> None:
         for sink in self.sinks:
             sink.refused(refusal)

@@ -70,39 +70,20 @@ class UpstreamHealth:
             self.upstreams[address] = upstream
         return upstream
 
+    # -- the mitmproxy hooks: thin adapters of the engine-neutral methods below
+
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         state = state_of(flow)
         if state is None or not isinstance(state.decision, Forward):
             return
-        upstream = self.upstreams.get(_base(state.decision.url))
-        if upstream is None or not upstream.down_until:
-            return
-        now = self.clock()
-        if now >= upstream.down_until:
-            # This request probes it; the others keep failing fast meanwhile.
-            upstream.down_until = now + self.config.current().settings.breaker.down_for
-            return
-        answer(
-            flow,
-            state,
-            Reject(
-                503,
-                f"{upstream.name} is marked down ({upstream.reason}); requests for it fail "
-                f"fast for {upstream.down_until - now:.1f}s more, then one is let through "
-                "to probe it",
-            ),
-        )
+        reject = self.admit(state.decision)
+        if reject is not None:
+            answer(flow, state, reject)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         state = state_of(flow)
-        if state is None or not isinstance(state.decision, Forward):
-            return
-        upstream = self.upstreams.get(_base(state.decision.url))
-        if upstream is not None and (upstream.failures or upstream.down_until):
-            was_down = bool(upstream.down_until)
-            upstream.failures, upstream.down_until, upstream.reason = 0, 0.0, ""
-            if was_down:
-                self._changed(upstream, True)
+        if state is not None and isinstance(state.decision, Forward):
+            self.succeeded(state.decision)
 
     def error(self, flow: http.HTTPFlow) -> None:
         state = state_of(flow)
@@ -110,11 +91,43 @@ class UpstreamHealth:
             return
         if mitm.client_went_away(flow) or mitm.client_protocol_error(flow):
             return
-        if LOOP_MESSAGE in flow.error.msg:
+        self.failed(state.decision, state.timed_out, flow.error.msg)
+
+    # -- engine-neutral: both data paths call these
+
+    def admit(self, decision: Forward) -> Reject | None:
+        """None if a request may go to the decision's upstream now, else the fast refusal."""
+        upstream = self.upstreams.get(_base(decision.url))
+        if upstream is None or not upstream.down_until:
+            return None
+        now = self.clock()
+        if now >= upstream.down_until:
+            # This request probes it; the others keep failing fast meanwhile.
+            upstream.down_until = now + self.config.current().settings.breaker.down_for
+            return None
+        return Reject(
+            503,
+            f"{upstream.name} is marked down ({upstream.reason}); requests for it fail "
+            f"fast for {upstream.down_until - now:.1f}s more, then one is let through "
+            "to probe it",
+        )
+
+    def succeeded(self, decision: Forward) -> None:
+        """The upstream answered (response headers came back)."""
+        upstream = self.upstreams.get(_base(decision.url))
+        if upstream is not None and (upstream.failures or upstream.down_until):
+            was_down = bool(upstream.down_until)
+            upstream.failures, upstream.down_until, upstream.reason = 0, 0.0, ""
+            if was_down:
+                self._changed(upstream, True)
+
+    def failed(self, decision: Forward, timed_out: str | None, error: str) -> None:
+        """The upstream failed (not the client: callers leave the client's faults out)."""
+        if LOOP_MESSAGE in error:
             return  # the config's fault, not the upstream's
-        upstream = self._upstream(state.decision)
+        upstream = self._upstream(decision)
         upstream.failures += 1
-        upstream.reason = failure_reason(state.timed_out, flow.error.msg)
+        upstream.reason = failure_reason(timed_out, error)
         breaker = self.config.current().settings.breaker
         if upstream.failures >= breaker.failures:
             was_up = not upstream.down_until

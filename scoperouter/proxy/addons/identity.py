@@ -50,18 +50,24 @@ class TokenSwap:
     async def _swap(
         flow: http.HTTPFlow, state: FlowState, decision: Forward, identity: Identity
     ) -> None:
-        received = state.headers
-        tokens = {
-            name: split_token(received[name])[0]
-            for name in decision.swap_tokens
-            if name in received
-        }
-        try:
-            result = await identity.swap(tokens, decision.swap_tokens, decision.cloud)
-        except Exception:
-            logger.exception("token swap failed for %s %s", state.method, state.path)
-            result = Reject(500, "the router failed to carry the request's tokens (see its log)")
+        result = await swap_tokens(identity, state, decision)
         if isinstance(result, Reject):
             answer(flow, state, result)
             return
         set_headers(flow.request.headers, result)
+
+
+async def swap_tokens(
+    identity: Identity, state: FlowState, decision: Forward
+) -> dict[str, str] | Reject:
+    """The header edits that carry the request's tokens to the decision's cloud, or the
+    refusal (both data paths)."""
+    received = state.headers
+    tokens = {
+        name: split_token(received[name])[0] for name in decision.swap_tokens if name in received
+    }
+    try:
+        return await identity.swap(tokens, decision.swap_tokens, decision.cloud)
+    except Exception:
+        logger.exception("token swap failed for %s %s", state.method, state.path)
+        return Reject(500, "the router failed to carry the request's tokens (see its log)")

@@ -15,10 +15,10 @@ from mitmproxy import http
 from mitmproxy.connection import Client
 
 from scoperouter.catalog import Catalog
-from scoperouter.proxy import metrics, mitm
+from scoperouter.proxy import metrics
 from scoperouter.proxy.addons.config import RouterConfig
 from scoperouter.proxy.addons.health import Upstream, UpstreamHealth
-from scoperouter.proxy.flowstate import FlowState, state_of
+from scoperouter.proxy.flowstate import FlowState, HeadRefusal, state_of
 from scoperouter.routing import Forward
 
 
@@ -48,9 +48,18 @@ class Metrics:
         ).set(1 if up else 0)
 
     def client_connected(self, client: Client) -> None:
-        metrics.OPEN_CONNECTIONS.inc()
+        self.opened()
 
     def client_disconnected(self, client: Client) -> None:
+        self.closed()
+
+    @staticmethod
+    def opened() -> None:
+        """A client connection opened (both data paths)."""
+        metrics.OPEN_CONNECTIONS.inc()
+
+    @staticmethod
+    def closed() -> None:
         metrics.OPEN_CONNECTIONS.dec()
 
     def response(self, flow: http.HTTPFlow) -> None:
@@ -79,7 +88,7 @@ class Metrics:
             key = ("-", "-", "refused", status)
         self._observe(key, time.monotonic() - state.started)
 
-    def refused(self, refusal: mitm.Refusal) -> None:
+    def refused(self, refusal: HeadRefusal) -> None:
         self._observe(("-", "-", "refused", refusal.status), time.monotonic() - refusal.started)
 
     def _observe(self, key: tuple[str, str, str, int], seconds: float) -> None:

@@ -23,13 +23,23 @@ class CatalogRegion:
         if state is None or response is None or not isinstance(state.decision, Forward):
             return
         region = state.decision.catalog_region
-        if not region or response.status_code != 200 or response.stream:
+        if not region or response.stream:
             return
-        if "json" not in response.headers.get("content-type", ""):
-            return
-        try:
-            body = json.loads(response.content or b"")
-        except ValueError:
-            return
-        if isinstance(body, dict) and add_region(body, region):
-            response.content = json.dumps(body).encode()
+        content_type = response.headers.get("content-type", "")
+        body = regioned(response.content or b"", region, response.status_code, content_type)
+        if body is not None:
+            response.content = body
+
+
+def regioned(body: bytes, region: str, status: int, content_type: str) -> bytes | None:
+    """The answer's body with the catalog's region twins, or None to leave it as it is (both
+    data paths)."""
+    if status != 200 or "json" not in content_type:
+        return None
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    if isinstance(document, dict) and add_region(document, region):
+        return json.dumps(document).encode()
+    return None

@@ -16,10 +16,12 @@ stream through untouched (a streamed body is never seen by later hooks). The add
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from mitmproxy import http
 from mitmproxy.proxy import server_hooks
 
+from scoperouter.catalog import Frontend
 from scoperouter.errors import Reject
 from scoperouter.proxy.addons.config import RouterConfig
 from scoperouter.proxy.flowstate import (
@@ -76,19 +78,10 @@ class Routing:
                 mode="forward",
             )
         else:
-            https = frontend.url.scheme == "https"
-            if flow.client_conn.tls_established != https:
-                expected = "HTTPS" if https else "plain HTTP"
-                return Reject(400, f"{frontend.url} of {config.cloud} speaks {expected} only")
-            facts = RequestFacts(
-                method=request.method,
-                scheme=frontend.url.scheme,
-                host=frontend.url.host,
-                port=frontend.url.port,
-                path=request.path,
-                headers=headers,
-                mode="reverse",
-            )
+            mismatch = wrong_scheme(config, frontend, flow.client_conn.tls_established)
+            if mismatch is not None:
+                return mismatch
+            facts = reverse_facts(frontend, request.method, request.path, headers)
         return decide(facts, config.current(), config.cloud)
 
     def http_connect(self, flow: http.HTTPFlow) -> None:
@@ -112,6 +105,40 @@ class Routing:
         elif address in self.config.own_addresses:
             # Routing never targets this router itself; a request that would is a loop.
             server.error = LOOP_MESSAGE
+
+
+def reverse_facts(
+    frontend: Frontend, method: str, path: str, headers: Mapping[str, str]
+) -> RequestFacts:
+    """What routing needs of a request that came in on `frontend` (both data paths): the URL
+    the client addressed is the frontend's, with the request's path."""
+    return RequestFacts(
+        method=method,
+        scheme=frontend.url.scheme,
+        host=frontend.url.host,
+        port=frontend.url.port,
+        path=path,
+        headers=headers,
+        mode="reverse",
+    )
+
+
+def wrong_scheme(config: RouterConfig, frontend: Frontend, tls: bool) -> Reject | None:
+    """The refusal of plain HTTP on an https frontend (or TLS on an http one), both paths."""
+    https = frontend.url.scheme == "https"
+    if tls == https:
+        return None
+    expected = "HTTPS" if https else "plain HTTP"
+    return Reject(400, f"{frontend.url} of {config.cloud} speaks {expected} only")
+
+
+def route(config: RouterConfig, facts: RequestFacts, state: FlowState) -> Forward | Reject:
+    """decide() on the current config; a failure of the router itself is a 500, logged."""
+    try:
+        return decide(facts, config.current(), config.cloud)
+    except Exception:  # the router must answer, whatever happens
+        logger.exception("routing failed for %s %s", state.method, state.path)
+        return Reject(500, INTERNAL_ERROR)
 
 
 def apply_forward(flow: http.HTTPFlow, decision: Forward, request_id: str) -> None:
