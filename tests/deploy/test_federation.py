@@ -81,6 +81,7 @@ class Federation:
     admin_passwords: dict[str, str]
     before: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     links: list[Path] = field(default_factory=list)
+    set_aside: list[tuple[Path, Path]] = field(default_factory=list)  # (where now, original)
     undone: bool = False  # state=absent ran and passed its checks
     pids: dict[str, int] = field(default_factory=dict)  # the lab's services, before a run
 
@@ -261,6 +262,8 @@ def fed() -> Iterator[Federation]:
     finally:
         for link in federation.links:
             link.unlink(missing_ok=True)
+        for aside, original in federation.set_aside:
+            aside.replace(original)
         if not federation.undone and any(federation.ctl(c).exists() for c in clouds):
             subprocess.run(  # a failed test left the federation up: undo it (best effort)
                 [deploy_tool("ansible-playbook"), "-i", str(inventory), "federation.yml",
@@ -345,12 +348,16 @@ def test_scope_e2e_checks_pass_through_the_playbooks_routers(fed: Federation) ->
     clouds_yaml = fed.base / "clouds.yaml"
     clouds_yaml.write_text(yaml.safe_dump(lab_clouds))
     clouds_yaml.chmod(0o600)
-    # the e2e tests read each router's log where the lab keeps it
+    # the e2e tests read each router's log where the lab keeps it; a routed lab that ran
+    # before (CI's e2e step) left its own router's log there: set aside while the test runs
     for cloud in fed.clouds:
         link = fed.lab_root / "logs" / cloud.name / "router.log"
-        if not link.exists():
-            link.symlink_to(fed.router_log(cloud))
-            fed.links.append(link)
+        if link.exists() or link.is_symlink():
+            aside = link.with_name("router.log.before-federation-test")
+            link.replace(aside)
+            fed.set_aside.append((aside, link))
+        link.symlink_to(fed.router_log(cloud))
+        fed.links.append(link)
     env = {
         **os.environ,
         "SCOPEROUTER_LAB_REUSE": "1",
