@@ -8,6 +8,7 @@ import hashlib
 import os
 import pwd
 import shlex
+import socket
 import sqlite3
 import sys
 import time
@@ -361,9 +362,30 @@ class CloudRunner:
         if self.procs.running(name, fp):
             return "running"
         stopped = self.procs.stop(name)
+        if stopped and what in (*API_PROCESSES, *STAND_INS):
+            self._wait_port_free(what)
         self.procs.start(name, argv, log=self.log(what), env=self.env(what), fp=fp,
                          cwd=self.paths.root)  # fmt: skip
         return "restarted (changed)" if stopped else "started"
+
+    def _wait_port_free(self, what: str, timeout: float = 30) -> None:
+        """Until the stopped process's port can be bound again. A uWSGI killed in the middle
+        of its graceful shutdown has been seen to hold its listening socket a moment after its
+        process group was gone (a restart then failed: "bind(): Address already in use"), so
+        the new process starts only once the kernel has released it; after `timeout` it starts
+        anyway and fails with that error in its log."""
+        stype = STAND_INS[what][0] if what in STAND_INS else API_PROCESSES[what][1]
+        address = (self.cloud.back_ip, self.cloud.port(stype))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with socket.socket() as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uWSGI binds
+                try:
+                    probe.bind(address)
+                    return
+                except OSError:
+                    pass
+            time.sleep(0.2)
 
     def start_api(self, name: str) -> str:
         return self._start(name)

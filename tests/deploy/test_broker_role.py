@@ -6,8 +6,7 @@ secrets (password, Fernet key, a cloud's secret) never reach Ansible's output an
 0600 files; the rendered unit passes `systemd-analyze verify`.
 
 Slow (a virtualenv with the broker's dependencies is built, ~1-2 minutes) and root-only (a
-system user is created): selected with `pytest -m deploy`. Ansible comes from
-`<repo>/.venv-deploy`, else PATH (the helpers are test_router_role's).
+system user is created): selected with `pytest -m deploy`. Ansible: tests/deploy/ansible.py.
 """
 
 from __future__ import annotations
@@ -16,8 +15,6 @@ import base64
 import json
 import os
 import shutil
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 import uuid
@@ -31,12 +28,20 @@ import yaml
 from cryptography.fernet import Fernet
 
 from scoperouter import __version__
-from tests.deploy.test_router_role import _ansible, _changed, _free_port, _unchanged
+from tests.deploy.ansible import (
+    Deployment,
+    changed,
+    free_port,
+    local_role_vars,
+    run_playbook,
+    scratch_dir,
+    systemd_verify,
+    unchanged,
+    wheelhouse,
+)
 
 pytestmark = pytest.mark.deploy
 
-REPO = Path(__file__).resolve().parents[2]
-PLAYBOOKS = REPO / "playbooks"
 HOST = "127.0.7.2"
 PASSWORD = f"osb-{uuid.uuid4().hex}"
 FERNET_KEY = Fernet.generate_key().decode()
@@ -44,33 +49,8 @@ CLOUD_SECRET = f"s3cr3t-{uuid.uuid4().hex}"
 
 
 @dataclass
-class Deployment:
-    base: Path
-    port: int
-    inventory: Path
-
-    def run(self, *extra: str, overrides: dict[str, Any] | None = None) -> str:
-        argv = [_ansible("ansible-playbook"), "-i", str(self.inventory), "broker.yml", *extra]
-        if overrides is not None:
-            argv += ["-e", json.dumps({"scoperouter_broker_config_overrides": overrides})]
-        env = {**os.environ, "ANSIBLE_CONFIG": str(PLAYBOOKS / "ansible.cfg")}
-        proc = subprocess.run(
-            argv, cwd=PLAYBOOKS, capture_output=True, text=True, timeout=900, env=env
-        )
-        output = proc.stdout + proc.stderr
-        assert proc.returncode == 0, output[-6000:]
-        return output
-
-    @property
-    def etc(self) -> Path:
-        return self.base / "etc"
-
-    @property
-    def ctl(self) -> Path:
-        return self.etc / "scoperouter-broker-test-ctl"
-
-    def pid(self) -> int:
-        return int((self.base / "run" / "scoperouter-broker-test.pid").read_text())
+class BrokerDeployment(Deployment):
+    port: int = 0
 
     def catalog(self, password: str | None = PASSWORD) -> tuple[int, dict[str, Any]]:
         headers = {"X-Broker-API-Version": "2.17"}
@@ -87,30 +67,18 @@ class Deployment:
 
 
 @pytest.fixture(scope="module")
-def deployment() -> Iterator[Deployment]:
+def deployment() -> Iterator[BrokerDeployment]:
     if os.geteuid() != 0:
         pytest.skip("the role creates a system user: run as root")
-    base = Path(f"/tmp/scoperouter-broker-role-{uuid.uuid4().hex[:8]}")
-    base.mkdir(mode=0o755)
-    wheels = base / "wheels"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(REPO)],
-        check=True,
-        timeout=300,
-    )
-    port = _free_port(HOST)
+    base = scratch_dir("broker-role")
+    wheels = wheelhouse(base)
+    port = free_port(HOST)
     host_vars = {
-        "ansible_connection": "local",
-        "ansible_python_interpreter": sys.executable,
+        **local_role_vars("scoperouter_broker", base),
         "scoperouter_broker_package": f"scoperouter[broker]=={__version__}",
         "scoperouter_broker_pip_environment": {"PIP_FIND_LINKS": str(wheels)},
         "scoperouter_broker_venv": str(base / "venv"),
-        "scoperouter_broker_etc_dir": str(base / "etc"),
-        "scoperouter_broker_home": str(base / "home"),
-        "scoperouter_broker_run_dir": str(base / "run"),
-        "scoperouter_broker_log_dir": str(base / "log"),
         "scoperouter_broker_service_name": "scoperouter-broker-test",
-        "scoperouter_broker_service_mode": "plain",
         "scoperouter_broker_password": PASSWORD,
         "scoperouter_broker_secret_keys": [FERNET_KEY],
         "scoperouter_broker_clouds": {
@@ -146,12 +114,18 @@ def deployment() -> Iterator[Deployment]:
             {"all": {"children": {"scoperouter_broker": {"hosts": {"localhost": host_vars}}}}}
         )
     )
-    deployment = Deployment(base, port, inventory)
+    deployment = BrokerDeployment(
+        base,
+        inventory,
+        "broker.yml",
+        "scoperouter-broker-test",
+        "scoperouter_broker_config_overrides",
+        port,
+    )
     try:
         yield deployment
     finally:
-        if deployment.ctl.exists():
-            subprocess.run([str(deployment.ctl), "stop"], check=False, timeout=60)
+        deployment.stop()
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -159,9 +133,11 @@ def _services(catalog: dict[str, Any]) -> dict[str, list[str]]:
     return {s["name"]: [p["name"] for p in s["plans"]] for s in catalog["services"]}
 
 
-def test_first_run_installs_migrates_and_starts_a_working_broker(deployment: Deployment) -> None:
+def test_first_run_installs_migrates_and_starts_a_working_broker(
+    deployment: BrokerDeployment,
+) -> None:
     output = deployment.run("--diff", "-v")
-    assert _changed(output) > 0
+    assert changed(output) > 0
     for secret in (PASSWORD, FERNET_KEY, CLOUD_SECRET):
         assert secret not in output  # no_log, even with --diff -v
     status, catalog = deployment.catalog()
@@ -196,16 +172,16 @@ def test_first_run_installs_migrates_and_starts_a_working_broker(deployment: Dep
     assert [w.decode() for w in cmdline if w][-len(words) + 1 :] == words[1:]
 
 
-def test_second_run_changes_nothing_and_check_mode_works(deployment: Deployment) -> None:
+def test_second_run_changes_nothing_and_check_mode_works(deployment: BrokerDeployment) -> None:
     pid = deployment.pid()
-    _unchanged(deployment.run())
+    unchanged(deployment.run())
     output = deployment.run("--check", "--diff")
-    _unchanged(output)
+    unchanged(output)
     assert PASSWORD not in output
     assert deployment.pid() == pid  # not restarted
 
 
-def test_an_override_is_merged_and_restarts_the_broker(deployment: Deployment) -> None:
+def test_an_override_is_merged_and_restarts_the_broker(deployment: BrokerDeployment) -> None:
     pid = deployment.pid()
     plans = [
         {"name": "standard", "description": "A project in TestOne"},
@@ -216,42 +192,29 @@ def test_an_override_is_merged_and_restarts_the_broker(deployment: Deployment) -
     overrides = host_vars["scoperouter_broker_config_overrides"]  # -e replaces, not merges
     overrides["services"]["openstack-project"]["plans"] = plans
     output = deployment.run(overrides=overrides)
-    assert _changed(output) > 0
+    assert changed(output) > 0
     assert deployment.pid() != pid
     status, catalog = deployment.catalog()
     assert status == 200 and _services(catalog) == {"openstack-project": ["standard", "small"]}
-    _unchanged(deployment.run(overrides=overrides))
+    unchanged(deployment.run(overrides=overrides))
 
 
 def test_a_config_the_broker_refuses_never_replaces_the_working_one(
-    deployment: Deployment,
+    deployment: BrokerDeployment,
 ) -> None:
     before = (deployment.etc / "broker.yaml").read_text()
-    argv = [
-        _ansible("ansible-playbook"),
-        "-i",
-        str(deployment.inventory),
-        "broker.yml",
-        "-e",
-        json.dumps({"scoperouter_broker_config_overrides": {"worker": {"threads": -1}}}),
-    ]
-    env = {**os.environ, "ANSIBLE_CONFIG": str(PLAYBOOKS / "ansible.cfg")}
-    proc = subprocess.run(argv, cwd=PLAYBOOKS, capture_output=True, text=True, timeout=900, env=env)
-    assert proc.returncode != 0
-    assert "failed to validate" in proc.stdout + proc.stderr
+    overrides = {"scoperouter_broker_config_overrides": {"worker": {"threads": -1}}}
+    output = run_playbook(
+        "broker.yml", deployment.inventory, "-e", json.dumps(overrides), succeed=False
+    )
+    assert "failed to validate" in output
     assert (deployment.etc / "broker.yaml").read_text() == before
     assert deployment.catalog()[0] == 200
 
 
-def test_rendered_unit_passes_systemd_analyze(deployment: Deployment) -> None:
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze is not installed")
+def test_rendered_unit_passes_systemd_analyze(deployment: BrokerDeployment) -> None:
     unit = deployment.etc / "scoperouter-broker-test.service"
-    proc = subprocess.run(
-        [analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    systemd_verify(unit)
     text = unit.read_text()
     for directive in (
         "NoNewPrivileges=yes",

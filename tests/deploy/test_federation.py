@@ -30,11 +30,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,11 +42,20 @@ import pytest
 import yaml
 
 from scoperouter import __version__
+from tests.deploy.ansible import (
+    PLAYBOOKS,
+    REPO,
+    changed,
+    deploy_tool,
+    local_role_vars,
+    run_playbook,
+    scratch_dir,
+    systemd_verify,
+    unchanged,
+)
 
 pytestmark = pytest.mark.deploy
 
-REPO = Path(__file__).resolve().parents[2]
-PLAYBOOKS = REPO / "playbooks"
 E2E_SELECTION = (
     "image_list_follows_the_scope or server_in_cloudone_from_an_image_of_cloudtwo"
     " or compute_in_cloudtwo_with_a_cloudone_user"
@@ -57,35 +64,12 @@ E2E_COUNT = 6
 ROUTER_USER = "scoperouter-router"
 
 
-def _ansible(tool: str) -> str:
-    for candidate in (REPO / ".venv-deploy" / "bin" / tool, shutil.which(tool)):
-        if candidate and Path(candidate).exists():
-            return str(candidate)
-    pytest.fail(
-        f"{tool} not found: python3 -m venv .venv-deploy && "
-        ".venv-deploy/bin/pip install -r playbooks/requirements.txt",
-        pytrace=False,
-    )
-
-
 def _unavailable(reason: str) -> None:
     """No lab to federate: a skip, unless asked for (.ci/run's federation step sets
     SCOPEROUTER_FEDERATION_LAB=1 after `lab up --no-router`): then a failure."""
     if os.environ.get("SCOPEROUTER_FEDERATION_LAB") == "1":
         pytest.fail(reason, pytrace=False)
     pytest.skip(reason)
-
-
-def _changed(output: str) -> int:
-    counts = re.findall(r"changed=(\d+)", output)
-    assert counts, output[-3000:]
-    return sum(int(c) for c in counts)
-
-
-def _unchanged(output: str) -> None:
-    blocks = output.split("TASK [")[1:]
-    tasks = [b.split("]", 1)[0] for b in blocks if "\nchanged:" in b]
-    assert _changed(output) == 0, f"changed: {tasks}\n{output[-3000:]}"
 
 
 @dataclass
@@ -97,6 +81,7 @@ class Federation:
     admin_passwords: dict[str, str]
     before: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     links: list[Path] = field(default_factory=list)
+    set_aside: list[tuple[Path, Path]] = field(default_factory=list)  # (where now, original)
     undone: bool = False  # state=absent ran and passed its checks
     pids: dict[str, int] = field(default_factory=dict)  # the lab's services, before a run
 
@@ -119,20 +104,15 @@ class Federation:
         }
 
     def run(self, *extra: str) -> str:
-        argv = [_ansible("ansible-playbook"), "-i", str(self.inventory), "federation.yml", *extra]
         env = {
             **{k: v for k, v in os.environ.items() if "proxy" not in k.lower()},
-            "ANSIBLE_CONFIG": str(PLAYBOOKS / "ansible.cfg"),
             # both clouds' hosts are this machine, run in parallel; modules run without copies
             "ANSIBLE_FORKS": "2",
             "ANSIBLE_PIPELINING": "1",
         }
-        proc = subprocess.run(
-            argv, cwd=PLAYBOOKS, capture_output=True, text=True, timeout=2400, env=env
+        return run_playbook(
+            "federation.yml", self.inventory, *extra, env=env, timeout=2400, tail=8000
         )
-        output = proc.stdout + proc.stderr
-        assert proc.returncode == 0, output[-8000:]
-        return output
 
     def keystone(self, cloud: Any) -> Any:
         from scoperouter_lab.api import Keystone
@@ -186,6 +166,11 @@ def _router_venv(base: Path) -> Path:
     return venv
 
 
+def _router_account(cloud: Any) -> str:
+    """The system user and group of a cloud's router, made by the role (dp-: this test's)."""
+    return f"dp-router-{cloud.slug}"
+
+
 # uWSGI and setproctitle (nova's daemons) write process titles over the environment block, so
 # /proc/<pid>/environ of most services reads empty: every service must have been restarted, and
 # the environment is checked where it can be read (the lab's stand-ins at least); the e2e checks
@@ -219,14 +204,16 @@ def fed() -> Iterator[Federation]:
         _unavailable(f"the lab in {lab_root} has routers or fewer than 2 clouds: this test needs "
                      "`scoperouter lab up --no-router` (2 clouds)")  # fmt: skip
     clouds = [CloudSpec(i) for i in range(1, state["clouds"] + 1)]
-    base = Path(f"/tmp/scoperouter-fed-{uuid.uuid4().hex[:8]}")
-    base.mkdir(mode=0o755)
+    base = scratch_dir("fed")
     venv = _router_venv(base)
     groups = {}
     for cloud in clouds:
         host_vars = {
-            "ansible_connection": "local",
-            "ansible_python_interpreter": sys.executable,
+            **local_role_vars("scoperouter", base, f"-{cloud.slug}"),
+            # both routers run on this one machine: each its own user (one user would have
+            # two homes, and every run would move it from one to the other under the router)
+            "scoperouter_user": _router_account(cloud),
+            "scoperouter_group": _router_account(cloud),
             "scoperouter_cloud": cloud.name,
             "scoperouter_federation_keystone": {
                 "auth_url": cloud.backend_endpoint("identity"),
@@ -238,17 +225,12 @@ def fed() -> Iterator[Federation]:
             },
             "scoperouter_federation_router_host": cloud.front_ip,
             "scoperouter_federation_proxy_units": [f"{cloud.slug}-{p}.service" for p in PROXIED],
-            "scoperouter_etc_dir": str(base / f"etc-{cloud.slug}"),
-            "scoperouter_home": str(base / f"home-{cloud.slug}"),
-            "scoperouter_run_dir": str(base / f"run-{cloud.slug}"),
-            "scoperouter_log_dir": str(base / f"log-{cloud.slug}"),
         }
         groups[cloud.slug] = {"hosts": {f"dp-{cloud.slug}": host_vars}}
     common = {
         # a venv where this checkout is installed: the role's pip task finds it there
         "scoperouter_package": f"scoperouter=={__version__}",
         "scoperouter_venv": str(venv),
-        "scoperouter_service_mode": "plain",
         # the lab's stand-in for /etc/systemd/system, and its stand-in for systemctl restart
         "scoperouter_federation_systemd_dir": str(lab_root / "systemd"),
         "scoperouter_federation_restart_command": [
@@ -280,15 +262,19 @@ def fed() -> Iterator[Federation]:
     finally:
         for link in federation.links:
             link.unlink(missing_ok=True)
+        for aside, original in federation.set_aside:
+            aside.replace(original)
         if not federation.undone and any(federation.ctl(c).exists() for c in clouds):
             subprocess.run(  # a failed test left the federation up: undo it (best effort)
-                [_ansible("ansible-playbook"), "-i", str(inventory), "federation.yml",
+                [deploy_tool("ansible-playbook"), "-i", str(inventory), "federation.yml",
                  "-e", "state=absent"],
                 cwd=PLAYBOOKS, check=False, timeout=1200, capture_output=True,
             )  # fmt: skip
         for cloud in clouds:
             if federation.ctl(cloud).exists():
                 subprocess.run([str(federation.ctl(cloud)), "stop"], check=False, timeout=60)
+            subprocess.run(["userdel", _router_account(cloud)], check=False, capture_output=True)
+            subprocess.run(["groupdel", _router_account(cloud)], check=False, capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -305,7 +291,7 @@ def _secrets(fed: Federation) -> list[str]:
 def test_present_federates_the_clouds(fed: Federation) -> None:
     fed.take_pids()
     output = fed.run("--diff", "-v")
-    assert _changed(output) > 0
+    assert changed(output) > 0
     secrets = _secrets(fed)
     assert len(secrets) == 2 * len(fed.clouds)  # admin passwords, one credential per peer
     leaked = [s for s in secrets if s in output]
@@ -362,12 +348,16 @@ def test_scope_e2e_checks_pass_through_the_playbooks_routers(fed: Federation) ->
     clouds_yaml = fed.base / "clouds.yaml"
     clouds_yaml.write_text(yaml.safe_dump(lab_clouds))
     clouds_yaml.chmod(0o600)
-    # the e2e tests read each router's log where the lab keeps it
+    # the e2e tests read each router's log where the lab keeps it; a routed lab that ran
+    # before (CI's e2e step) left its own router's log there: set aside while the test runs
     for cloud in fed.clouds:
         link = fed.lab_root / "logs" / cloud.name / "router.log"
-        if not link.exists():
-            link.symlink_to(fed.router_log(cloud))
-            fed.links.append(link)
+        if link.exists() or link.is_symlink():
+            aside = link.with_name("router.log.before-federation-test")
+            link.replace(aside)
+            fed.set_aside.append((aside, link))
+        link.symlink_to(fed.router_log(cloud))
+        fed.links.append(link)
     env = {
         **os.environ,
         "SCOPEROUTER_LAB_REUSE": "1",
@@ -386,8 +376,8 @@ def test_second_run_and_check_mode_change_nothing(fed: Federation) -> None:
     pids = [
         (fed.base / f"run-{c.slug}" / f"scoperouter-{c.slug}.pid").read_text() for c in fed.clouds
     ]
-    _unchanged(fed.run())
-    _unchanged(fed.run("--check", "--diff"))
+    unchanged(fed.run())
+    unchanged(fed.run("--check", "--diff"))
     after = [
         (fed.base / f"run-{c.slug}" / f"scoperouter-{c.slug}.pid").read_text() for c in fed.clouds
     ]
@@ -395,9 +385,6 @@ def test_second_run_and_check_mode_change_nothing(fed: Federation) -> None:
 
 
 def test_dropins_pass_systemd_analyze(fed: Federation, tmp_path: Path) -> None:
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze is not installed")
     cloud = fed.clouds[0]
     for process in PROXIED:
         unit = f"{cloud.slug}-{process}.service"
@@ -406,15 +393,8 @@ def test_dropins_pass_systemd_analyze(fed: Federation, tmp_path: Path) -> None:
             f"[Unit]\nDescription={unit}\n[Service]\nExecStart=/bin/true\n"
         )
         shutil.copytree(fed.dropin(f"{cloud.slug}-{process}").parent, tmp_path / f"{unit}.d")
-        proc = subprocess.run(
-            [analyze, "verify", unit],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**os.environ, "SYSTEMD_UNIT_PATH": f"{tmp_path}:"},
-        )
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert "scoperouter.conf" not in proc.stdout + proc.stderr  # no warning about it
+        output = systemd_verify(unit, unit_path=tmp_path)
+        assert "scoperouter.conf" not in output  # no warning about it
         dropin = fed.dropin(f"{cloud.slug}-{process}").read_text()
         assert f'"HTTP_PROXY=http://{cloud.proxy_listen}"' in dropin
 
@@ -422,7 +402,7 @@ def test_dropins_pass_systemd_analyze(fed: Federation, tmp_path: Path) -> None:
 def test_absent_restores_the_clouds(fed: Federation) -> None:
     fed.take_pids()
     output = fed.run("-e", "state=absent")
-    assert _changed(output) > 0
+    assert changed(output) > 0
     for cloud in fed.clouds:
         assert fed.endpoints(cloud) == fed.before[cloud.name]  # exactly as before
         for process in PROXIED:
@@ -436,4 +416,4 @@ def test_absent_restores_the_clouds(fed: Federation) -> None:
         assert ks.call("GET", f"/projects?name={ROUTER_USER}")["projects"] == []
     assert not list((fed.base / "state").glob("*.json"))
     fed.undone = True
-    _unchanged(fed.run("-e", "state=absent"))
+    unchanged(fed.run("-e", "state=absent"))

@@ -25,11 +25,10 @@ import pytest
 import yaml
 
 from scoperouter.broker.config import config_from_dict
-from tests.deploy.test_router_role import _ansible  # finds any .venv-deploy tool
+from tests.deploy.ansible import REPO, deploy_tool
 
 pytestmark = pytest.mark.deploy
 
-REPO = Path(__file__).resolve().parents[2]
 KUBERNETES = REPO / "deploy" / "kubernetes"
 OVERLAYS = sorted(p.name for p in (KUBERNETES / "overlays").iterdir() if p.is_dir())
 OLDEST_SUPPORTED = "1.30.0"
@@ -50,7 +49,7 @@ IMAGE_UID = 10001
 @cache
 def _render(overlay: str) -> tuple[dict[str, Any], ...]:
     proc = subprocess.run(
-        [_ansible("kubectl"), "kustomize", str(KUBERNETES / "overlays" / overlay)],
+        [deploy_tool("kubectl"), "kustomize", str(KUBERNETES / "overlays" / overlay)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -61,7 +60,7 @@ def _render(overlay: str) -> tuple[dict[str, Any], ...]:
 
 @cache
 def _newest_schema() -> str:
-    python = Path(_ansible("kubernetes-validate")).with_name("python")
+    python = Path(deploy_tool("kubernetes-validate")).with_name("python")
     proc = subprocess.run(
         [str(python), "-c", "import kubernetes_validate as k; print(k.latest_version())"],
         capture_output=True,
@@ -75,7 +74,7 @@ def _newest_schema() -> str:
 def _validate(objects: Any, version: str, path: Path) -> subprocess.CompletedProcess[str]:
     path.write_text(yaml.safe_dump_all(list(objects)))
     return subprocess.run(
-        [_ansible("kubernetes-validate"), "--strict", "-k", version, str(path)],
+        [deploy_tool("kubernetes-validate"), "--strict", "-k", version, str(path)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -21,13 +21,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.test_router_role import _ansible
+from tests.deploy.ansible import PLAYBOOKS, REPO, deploy_tool, run_playbook
 
 pytestmark = pytest.mark.deploy
 
-REPO = Path(__file__).resolve().parents[2]
 VAGRANTFILE = REPO / "Vagrantfile"
-PLAYBOOKS = REPO / "playbooks"
 
 # Loads the Vagrantfile with Vagrant.configure as a no-op and prints what it computes for the
 # provisioners: the cloud list and the federation groups.
@@ -81,20 +79,11 @@ def _playbooks() -> list[str]:
 def test_the_provisioning_playbooks_exist_and_pass_syntax_check() -> None:
     playbooks = _playbooks()
     assert playbooks == ["playbooks/devstack.yml", "playbooks/federation.yml"]
-    env = {**os.environ, "ANSIBLE_CONFIG": str(PLAYBOOKS / "ansible.cfg")}
     for playbook in playbooks:
         path = REPO / playbook
         if playbook == "playbooks/federation.yml" and not path.exists():
             pytest.xfail("playbooks/federation.yml is the deploy branch's (issue 10)")
-        proc = subprocess.run(
-            [_ansible("ansible-playbook"), "--syntax-check", "-i", "localhost,", path.name],
-            cwd=PLAYBOOKS,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=env,
-        )
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+        run_playbook(path.name, "localhost,", "--syntax-check", timeout=300)
 
 
 def _dump() -> dict[str, Any]:
@@ -126,7 +115,7 @@ def test_the_federation_inventory_has_the_shape_federation_yml_expects(tmp_path:
     inventory = tmp_path / "vagrant_ansible_inventory"
     inventory.write_text(_ini(dump["groups"], hosts))
     proc = subprocess.run(
-        [_ansible("ansible-inventory"), "-i", str(inventory), "--list"],
+        [deploy_tool("ansible-inventory"), "-i", str(inventory), "--list"],
         capture_output=True,
         text=True,
         timeout=120,
