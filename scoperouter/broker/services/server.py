@@ -645,16 +645,15 @@ class ServerService(Service):
 
     # ---------------------------------------------------------------------- inventory
 
-    def inventory(self) -> Iterable[Found]:
-        for cloud in self.clouds.names():
-            for server in _tagged(self.clouds, cloud, self.broker_tag):
-                yield Found(
-                    cloud=cloud,
-                    kind="server",
-                    id=server.id,
-                    instance_id=(server.metadata or {}).get(METADATA_KEY),
-                    name=server.name,
-                )
+    def inventory(self, cloud: str) -> Iterable[Found]:
+        for server in _tagged(self.clouds, cloud, self.broker_tag):
+            yield Found(
+                cloud=cloud,
+                kind="server",
+                id=server.id,
+                instance_id=(server.metadata or {}).get(METADATA_KEY),
+                name=server.name,
+            )
 
     # ------------------------------------------------------------------------ helpers
 
