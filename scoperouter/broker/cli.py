@@ -44,7 +44,10 @@ REPAIR_HELP = """\
 Reconcile the database with the clouds. Without options: list what every service finds in
 the clouds tagged as this broker's (projects, servers, images, application credentials) and
 report drift both ways: resources no live instance/binding owns (orphans), and live
-instances/bindings whose resources are missing. Exit 1 when there is drift.
+instances/bindings whose resources are missing. Each service reads each cloud on its own: a
+cloud that cannot be read is reported as `unchecked` (nothing is claimed missing there, and
+repair never acts on it). Exit 1 when there is drift (or a service failed); else 3 when some
+cloud could not be checked; 0 when every cloud was read and matches.
 With --redrive ID (an operation, or an instance's latest operation): make a stuck operation
 due now with a fresh lease and deadline, or restart a failed one.
 """
@@ -495,7 +498,9 @@ def cmd_repair(args: argparse.Namespace) -> int:
     else:
         for line in report["lines"]:
             print(line)
-    return 1 if report["orphans"] or report["missing"] or report["errors"] else 0
+    if report["orphans"] or report["missing"] or report["errors"]:
+        return 1
+    return 3 if report["unchecked"] else 0
 
 
 def _redrive(store: Any, config: BrokerConfig, ident: str, deadline: float | None) -> int:
@@ -534,14 +539,25 @@ def drift(broker: Any) -> dict[str, Any]:
     orphans: list[dict[str, Any]] = []
     missing: list[dict[str, Any]] = []
     errors: list[str] = []
+    unchecked: list[dict[str, str]] = []
     seen_instances: set[str] = set()
     seen_bindings: set[str] = set()
+    checked: set[tuple[str, str]] = set()  # (service, cloud) read in full
     for name, service in broker.services.items():
         try:
-            found = list(service.inventory())
+            clouds = service.inventory_clouds()
         except Exception as exc:
             errors.append(f"{name}: inventory failed: {exc}")
             continue
+        found = []
+        for cloud in clouds:
+            try:
+                found.extend(service.inventory(cloud))
+            except Exception as exc:  # never "no drift" for what could not be read
+                reason = f"{type(exc).__name__}: {exc}"
+                unchecked.append({"service": name, "cloud": cloud, "error": reason})
+                continue
+            checked.add((name, cloud))
         for item in found:
             record = {
                 "service": name,
@@ -566,6 +582,8 @@ def drift(broker: Any) -> dict[str, Any]:
     for instance in instances.values():
         if instance.service_name not in inventoried or instance.state != "provisioned":
             continue
+        if (instance.service_name, instance.cloud) not in checked:
+            continue  # its cloud could not be read: unknown, not missing
         if instance.id not in seen_instances:
             missing.append({"instance_id": instance.id, "cloud": instance.cloud})
         for binding in bindings.values():
@@ -584,12 +602,25 @@ def drift(broker: Any) -> dict[str, Any]:
             f"missing: {what} is live in the database but nothing of it is in {m['cloud']}"
         )
     lines.extend(f"error: {e}" for e in errors)
+    lines.extend(
+        f"unchecked: {u['service']} in {u['cloud']}: could not be read ({u['error']}); "
+        "drift there is unknown"
+        for u in unchecked
+    )
     if not lines:
         lines.append(
             f"no drift: {len(instances)} instance(s), {len(bindings)} binding(s) in the database "
             "match the clouds"
         )
-    return {"orphans": orphans, "missing": missing, "errors": errors, "lines": lines}
+    elif not (orphans or missing or errors):
+        lines.append("no drift in the clouds that could be read")
+    return {
+        "orphans": orphans,
+        "missing": missing,
+        "errors": errors,
+        "unchecked": unchecked,
+        "lines": lines,
+    }
 
 
 # ------------------------------------------------------------------------------ purge

@@ -172,7 +172,16 @@ class FakeService(Service):
             path.unlink()
         return Done("unbound")
 
-    def inventory(self) -> Iterable[Found]:
+    def inventory_clouds(self) -> list[str]:
+        """FakeCloud, plus every cloud a test marked unreachable with a `down-<cloud>` file."""
+        down = sorted(p.name[len("down-") :] for p in self.root.glob("down-*"))
+        return ["FakeCloud", *(c for c in down if c != "FakeCloud")]
+
+    def inventory(self, cloud: str) -> Iterable[Found]:
+        if (self.root / f"down-{cloud}").exists():
+            raise ConnectionError(f"{cloud} unreachable")
+        if cloud != "FakeCloud":
+            return
         for path in sorted(self.root.glob("instance-*")):
             ident = path.name[len("instance-") :]
             yield Found(cloud="FakeCloud", kind="fake", id=f"fake-{ident}", instance_id=ident)

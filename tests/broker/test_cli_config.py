@@ -191,6 +191,24 @@ def test_operator_commands(
     out = capsys.readouterr().out
     assert "orphan: FakeCloud fake fake-stray" in out
     assert "missing: instance op-1" in out
+    # one unreachable cloud: the readable one's drift still reported, the other unchecked
+    (tmp_path / "cloud" / "down-FakeDown").write_text("")
+    assert cli.main(["repair", "--config", str(config)]) == 1
+    out = capsys.readouterr().out
+    assert "orphan: FakeCloud fake fake-stray" in out and "missing: instance op-1" in out
+    assert "unchecked: fake in FakeDown: could not be read (ConnectionError" in out
+    # the instance's own cloud unreachable: nothing claimed missing there, never "no drift"
+    (tmp_path / "cloud" / "down-FakeCloud").write_text("")
+    assert cli.main(["repair", "--config", str(config), "--json"]) == 3
+    report = json.loads(capsys.readouterr().out)
+    assert report["orphans"] == [] and report["missing"] == [] and report["errors"] == []
+    assert [(u["cloud"], u["error"]) for u in report["unchecked"]] == [
+        ("FakeCloud", "ConnectionError: FakeCloud unreachable"),
+        ("FakeDown", "ConnectionError: FakeDown unreachable"),
+    ]
+    assert not any(line.startswith("no drift:") for line in report["lines"])
+    (tmp_path / "cloud" / "down-FakeCloud").unlink()
+    (tmp_path / "cloud" / "down-FakeDown").unlink()
     assert cli.main(["repair", "--config", str(config), "--redrive", "op-2"]) == 0
     assert "due now" in capsys.readouterr().out
 

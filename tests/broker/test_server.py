@@ -496,7 +496,7 @@ def test_deprovision_removes_tagged_servers_everywhere_and_waits_for_them():
     assert outcome == Done("no server of this instance is left in any cloud")
     assert clouds.clouds["CloudOne"].deletes == ["a"] and clouds.clouds["CloudTwo"].deletes == ["b"]
     assert list(clouds.clouds["CloudTwo"].servers) == ["c"]
-    assert {f.id for f in service.inventory()} == {"c"}
+    assert {f.id for c in service.inventory_clouds() for f in service.inventory(c)} == {"c"}
 
 
 def test_instance_tags_fit_nova():

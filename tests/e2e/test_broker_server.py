@@ -7,6 +7,7 @@ reached nova (one server, never two) and a DELETE during provisioning."""
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import Iterator
@@ -206,3 +207,48 @@ def test_sigkill_mid_provision_and_delete_during_provisioning(lab, clouds, fed, 
         assert env.osb.deprovision(iid, service_id, plan_id).status == 410  # idempotent
     finally:
         env.stop()
+
+
+def test_key_name_and_user_data_reach_nova_and_a_missing_key_pair_is_named(env, clouds, fed):
+    """`key_name` and `user_data` as nova really records them (the fake driver keeps what it
+    is given): the key pair, which must be the broker user's in the chosen cloud (nova key
+    pairs belong to a user), shows on the server through the binding's own credential;
+    the user data, which nova shows to admins only (microversion 2.3+), through the broker's
+    account, byte for byte. A key pair that does not exist fails the operation, naming it."""
+    one, _two, tiny = fed
+    admin = clouds.connect(one.name)
+    key = f"bk-key-{RUN}"
+    admin.compute.create_keypair(name=key)
+    user_data = "#cloud-config\nruncmd:\n  - echo bk-é\n"
+    try:
+        params = {
+            "image": tiny[one.name],
+            "where": {"cloud": one.name},
+            "key_name": key,
+            "user_data": user_data,
+        }
+        iid, last = env.provision(SERVER, "key", params)
+        assert last.body["state"] == "succeeded", last.body
+        server_id = env.osb.get_instance(iid).body["metadata"]["attributes"]["server_id"]
+        server = admin.compute.get_server(server_id)
+        assert server.key_name == key
+        assert base64.b64decode(server.user_data).decode() == user_data
+
+        binding, creds = env.bind(SERVER, iid)
+        shown = env.openstack(creds["clouds_yaml"], "server", "show", server_id)
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["key_name"] == key
+        env.unbind(SERVER, iid, binding)
+        env.deprovision(SERVER, iid)
+    finally:
+        admin.compute.delete_keypair(key, ignore_missing=True)
+
+    missing = f"bk-nokey-{RUN}"
+    params = {"image": tiny[one.name], "where": {"cloud": one.name}, "key_name": missing}
+    iid, last = env.provision(SERVER, "nokey", params)
+    assert last.body["state"] == "failed", last.body
+    assert (
+        f"key pair {missing!r} is not the broker user's in {one.name}" in (last.body["description"])
+    )
+    env.deprovision(SERVER, iid)
+    assert _tagged(clouds, iid) == {c: [] for c in clouds.names()}

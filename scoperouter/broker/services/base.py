@@ -316,6 +316,13 @@ class Service(abc.ABC):
     def unbind(self, op: OperationContext) -> Outcome:
         return Done("nothing to remove")
 
-    def inventory(self) -> Iterable[Found]:
-        """Every resource in the clouds tagged as this service's (drift reports)."""
+    def inventory_clouds(self) -> list[str]:
+        """The clouds `inventory` reads, one at a time (drift reports). Must not call any
+        cloud."""
+        return list(self.clouds.names())
+
+    def inventory(self, cloud: str) -> Iterable[Found]:
+        """Every resource in `cloud` tagged as this service's (drift reports). Per cloud, so
+        that `broker repair` reports the clouds it can read and marks the ones it cannot as
+        unchecked instead of losing the whole service's report to one unreachable cloud."""
         return ()

@@ -338,16 +338,15 @@ class ImageService(Service):
     def unbind(self, op: OperationContext) -> Outcome:
         return credentials.revoke(op)
 
-    def inventory(self) -> Iterable[Found]:
-        for cloud in self.clouds.names():
-            for image in self._tagged(self.clouds.connect(cloud), self.broker_tag):
-                yield Found(
-                    cloud=cloud,
-                    kind="image",
-                    id=image.id,
-                    instance_id=(image.properties or {}).get(METADATA_KEY),
-                    name=image.name,
-                )
+    def inventory(self, cloud: str) -> Iterable[Found]:
+        for image in self._tagged(self.clouds.connect(cloud), self.broker_tag):
+            yield Found(
+                cloud=cloud,
+                kind="image",
+                id=image.id,
+                instance_id=(image.properties or {}).get(METADATA_KEY),
+                name=image.name,
+            )
 
     @staticmethod
     def _tagged(conn: Connection, tag: str) -> Iterator[Any]:

@@ -233,21 +233,23 @@ class ProjectService(Service):
     def unbind(self, op: OperationContext) -> Outcome:
         return credentials.revoke(op)
 
-    def inventory(self) -> Iterable[Found]:
-        for cloud in self._cloud_names():
-            conn = self.clouds.connect(cloud)
-            projects = []
-            for project in keystone(conn).projects(tags=MANAGED_TAG):
-                tags = list(project.tags or [])
-                owner = next((t for t in tags if t.startswith(INSTANCE_TAG_PREFIX)), None)
-                if owner is None:
-                    continue
-                projects.append(str(project.id))
-                yield Found(
-                    cloud=cloud,
-                    kind="project",
-                    id=str(project.id),
-                    instance_id=owner[len(INSTANCE_TAG_PREFIX) :],
-                    name=str(project.name),
-                )
-            yield from credentials.inventory(conn, cloud, projects)
+    def inventory_clouds(self) -> list[str]:
+        return self._cloud_names()
+
+    def inventory(self, cloud: str) -> Iterable[Found]:
+        conn = self.clouds.connect(cloud)
+        projects = []
+        for project in keystone(conn).projects(tags=MANAGED_TAG):
+            tags = list(project.tags or [])
+            owner = next((t for t in tags if t.startswith(INSTANCE_TAG_PREFIX)), None)
+            if owner is None:
+                continue
+            projects.append(str(project.id))
+            yield Found(
+                cloud=cloud,
+                kind="project",
+                id=str(project.id),
+                instance_id=owner[len(INSTANCE_TAG_PREFIX) :],
+                name=str(project.name),
+            )
+        yield from credentials.inventory(conn, cloud, projects)

@@ -518,6 +518,11 @@ class ServerService(Service):
             reason = refusal(exc)
             if reason is None:
                 return self._transient(op, target, exc)
+            key_name = op.parameters.get("key_name")
+            if key_name and "key_name" in reason:  # nova's 400 does not name the key pair
+                reason = (
+                    f"key pair {key_name!r} is not the broker user's in {target.cloud} ({reason})"
+                )
             return self._refused(op, target, reason)
         if server.status == "ACTIVE":
             return self._active(op, target, project_id, server)
@@ -645,16 +650,15 @@ class ServerService(Service):
 
     # ---------------------------------------------------------------------- inventory
 
-    def inventory(self) -> Iterable[Found]:
-        for cloud in self.clouds.names():
-            for server in _tagged(self.clouds, cloud, self.broker_tag):
-                yield Found(
-                    cloud=cloud,
-                    kind="server",
-                    id=server.id,
-                    instance_id=(server.metadata or {}).get(METADATA_KEY),
-                    name=server.name,
-                )
+    def inventory(self, cloud: str) -> Iterable[Found]:
+        for server in _tagged(self.clouds, cloud, self.broker_tag):
+            yield Found(
+                cloud=cloud,
+                kind="server",
+                id=server.id,
+                instance_id=(server.metadata or {}).get(METADATA_KEY),
+                name=server.name,
+            )
 
     # ------------------------------------------------------------------------ helpers
 
