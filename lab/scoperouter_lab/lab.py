@@ -70,8 +70,21 @@ class Progress:
         return result
 
 
+def _interpreter() -> str:
+    """This Python under one name whichever alias started it (a venv's `python` and `python3`
+    are the same interpreter): the router's argv is part of its fingerprint, and `scoperouter
+    lab up` (the console script's `python3`) followed by the e2e fixture's `python -m
+    scoperouter_lab up` must not restart routers that are already right."""
+    exe = Path(sys.executable)
+    for name in ("python3", "python"):
+        alias = exe.with_name(name)
+        if alias.exists() and alias.resolve() == exe.resolve():
+            return str(alias)
+    return str(exe)
+
+
 def router_argv(config: Path, cloud: CloudSpec) -> list[str]:
-    return [sys.executable, "-O", "-c", ROUTER_CODE, "serve", "--config", str(config),
+    return [_interpreter(), "-O", "-c", ROUTER_CODE, "serve", "--config", str(config),
             "--cloud", cloud.name]  # fmt: skip
 
 
@@ -405,7 +418,7 @@ class Lab:
             wait_for(
                 f"{cloud.name}: keystone through the router",
                 lambda: http_status(identity) == 200,
-                30,
+                60,
             )
         except TimeoutError:
             raise LabError(
