@@ -9,6 +9,7 @@ that has no ``--workers`` option (before issue 12) is run as one process.
 
     python -m bench.ab --baseline /tmp/old --connections 1 --rounds 5
     python -m bench.ab --baseline /tmp/old --connections 50 --rounds 3 --workers 2
+    python -m bench.ab --baseline /tmp/old --connections 50 --workers 2 --level INFO
 
 ``--log-cost`` compares this checkout with itself instead: at INFO (one access line per
 request) against WARNING, alternating in the same way (the ``[1b]`` part of the bench, with
@@ -44,6 +45,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--workers", type=int, default=1, help="this checkout's --workers")
+    parser.add_argument(
+        "--level",
+        default="WARNING",
+        choices=["WARNING", "INFO"],
+        help="both routers' log level with --baseline (INFO: compare the access line's cost)",
+    )
     return parser.parse_args(argv)
 
 
@@ -68,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         baseline = Path(args.baseline).resolve()
         variants = {
-            "baseline": (baseline, args.workers if has_workers_option(baseline) else 0, "WARNING"),
-            "this": (code, args.workers, "WARNING"),
+            "baseline": (baseline, args.workers if has_workers_option(baseline) else 0, args.level),
+            "this": (code, args.workers, args.level),
         }
     from bench.options import parse_args as bench_args
 

@@ -26,8 +26,10 @@ _ENCODER = json.JSONEncoder(
     ensure_ascii=False, default=str, check_circular=False, separators=(",", ":")
 )
 # A JSON string, quoted and escaped, as _ENCODER writes it (non-ASCII kept): json's C function.
-_quote: Callable[[str], str] = encode_basestring
+quote: Callable[[str], str] = encode_basestring
+_quote = quote
 _isfinite = math.isfinite
+_MILLIS = tuple(f".{n:03d}Z" for n in range(1000))  # a timestamp's end, by its milliseconds
 
 
 def _json_value(value: Any) -> str:
@@ -59,7 +61,7 @@ class JsonFormatter(logging.Formatter):
         self.static = dict(static or {})
         self._second = -1
         self._prefix = ""
-        # (level name, logger name) -> ',"level":...,"msg":' (bounded: few of each exist)
+        # (level name, logger name) -> '","level":...,"msg":' (bounded: few of each exist)
         self._heads: dict[tuple[str, str], str] = {}
         self._keys: dict[str, str] = {}  # field name -> ',"name":'
         self._reserved = frozenset({"ts", "level", "logger", "msg", "exc", *self.static})
@@ -69,13 +71,14 @@ class JsonFormatter(logging.Formatter):
         if second != self._second:
             stamp = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
             self._second, self._prefix = second, stamp
-        return f"{self._prefix}.{int((created - second) * 1000):03d}Z"
+        return self._prefix + _MILLIS[int((created - second) * 1000)]
 
     def format(self, record: logging.LogRecord) -> str:
         fields: dict[str, Any] | None = record.__dict__.get(FIELDS)
         if record.exc_info or (fields and not self._reserved.isdisjoint(fields)):
             return self._format_entry(record, fields)
-        head = self._heads.get((record.levelname, record.name)) or self._head(record)
+        level, logger = record.levelname, record.name
+        head = self._heads.get((level, logger)) or self._head(level, logger)
         parts = ['{"ts":"', self._timestamp(record.created), head, _quote(record.getMessage())]
         if fields:
             keys, add = self._keys, parts.append
@@ -85,12 +88,13 @@ class JsonFormatter(logging.Formatter):
         parts.append("}")
         return "".join(parts)
 
-    def _head(self, record: logging.LogRecord) -> str:
-        """The encoded text between the timestamp and the message, for this level and logger."""
-        entry = {"level": record.levelname, "logger": record.name, **self.static}
+    def _head(self, level: str, logger: str) -> str:
+        """The encoded text between the timestamp and the message, for this level and logger
+        (cached: few of each exist)."""
+        entry = {"level": level, "logger": logger, **self.static}
         head = '",' + _ENCODER.encode(entry)[1:-1] + ',"msg":'
         if len(self._heads) < 256:
-            self._heads[(record.levelname, record.name)] = head
+            self._heads[(level, logger)] = head
         return head
 
     def _key(self, name: str) -> str:
@@ -147,10 +151,14 @@ class BatchingHandler(logging.StreamHandler):  # type: ignore[type-arg]
         except Exception:
             self.handleError(record)
             return
+        self.add(line, record.levelno >= logging.WARNING)
+
+    def add(self, line: str, urgent: bool = False) -> None:
+        """Queue a formatted line (the caller holds the handler's lock); `urgent`: write now."""
         if not self._pending:
             self._since = time.monotonic()
         self._pending.append(line)
-        if len(self._pending) >= BATCH_LINES or record.levelno >= logging.WARNING:
+        if urgent or len(self._pending) >= BATCH_LINES:
             self._write()
 
     def _write(self) -> None:
@@ -182,6 +190,59 @@ BATCH_LINES = 256
 BATCH_SECONDS = 0.5
 
 
+class Direct:
+    """Writes lines straight to the JSON handler :func:`setup` installed, for a line per request.
+
+    Only while that handler is the only one that would see the logger's records (:func:`direct`
+    says): the caller then renders the same text :class:`JsonFormatter` would (from
+    :meth:`start` on), without the LogRecord and the logging machinery around it, which cost
+    more than the line itself."""
+
+    def __init__(self, handler: BatchingHandler, formatter: JsonFormatter) -> None:
+        self.handler, self.formatter = handler, formatter
+        self.root_handlers = logging.getLogger().handlers  # the list itself: kept up to date
+        self.plain: dict[str, bool] = {}  # logger name -> no handler or filter on its way up
+
+    def start(self, logger: str, created: float) -> str:
+        """An INFO line's text up to its message: ``{"ts":...,"msg":``."""
+        formatter = self.formatter
+        head = formatter._heads.get(("INFO", logger)) or formatter._head("INFO", logger)
+        return '{"ts":"' + formatter._timestamp(created) + head
+
+    def add(self, line: str) -> None:
+        handler = self.handler
+        with handler.lock:  # type: ignore[union-attr]  # created by Handler.__init__
+            handler.add(line)
+
+
+def _plain(logger: logging.Logger) -> bool:
+    """No handler or filter between `logger` and the root: only the root's handlers see it."""
+    node: logging.Logger | None = logger
+    while node is not None and node.parent is not None:
+        if node.handlers or node.filters or not node.propagate:
+            return False
+        node = node.parent
+    return True
+
+
+_direct: Direct | None = None
+
+
+def direct(logger: logging.Logger) -> Direct | None:
+    """The :class:`Direct` writer for `logger`'s lines, or None: log them the usual way (a
+    test's capturing handler, a filter, the text format...)."""
+    writer = _direct
+    if writer is None:
+        return None
+    handlers = writer.root_handlers
+    if len(handlers) != 1 or handlers[0] is not writer.handler or writer.handler.filters:
+        return None
+    plain = writer.plain.get(logger.name)
+    if plain is None:
+        plain = writer.plain[logger.name] = _plain(logger)
+    return writer if plain else None
+
+
 def setup(level: str, fmt: str, cloud: str | None = None, worker: int | None = None) -> None:
     """Log to stderr in `fmt` ("json" or "text") at `level` (router processes call this first).
 
@@ -197,11 +258,14 @@ def setup(level: str, fmt: str, cloud: str | None = None, worker: int | None = N
         static["router"] = cloud
     if worker is not None:
         static["worker"] = worker
-    handler.setFormatter(JsonFormatter(static) if fmt == "json" else TextFormatter())
+    formatter = JsonFormatter(static) if fmt == "json" else TextFormatter()
+    handler.setFormatter(formatter)
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
+    global _direct
+    _direct = Direct(handler, formatter) if isinstance(formatter, JsonFormatter) else None
     root.setLevel(level)
     if logging.getLogger("scoperouter").getEffectiveLevel() >= logging.INFO:
         # One line per request is ours; mitmproxy's connection chatter only with DEBUG.

@@ -8,6 +8,7 @@ run the same addons in real router processes.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import shutil
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mitmproxy import exceptions, http
 from mitmproxy import flow as mflow
 from mitmproxy.proxy import server_hooks
@@ -27,7 +30,7 @@ from prometheus_client import REGISTRY
 from scoperouter.catalog import Catalog, Limits
 from scoperouter.errors import Reject
 from scoperouter.identity import Identity, TokenCheck
-from scoperouter.proxy import mitm
+from scoperouter.proxy import logs, mitm
 from scoperouter.proxy.addons import (
     AccessLog,
     CatalogRegion,
@@ -40,6 +43,7 @@ from scoperouter.proxy.addons import (
     Timeouts,
     TokenSwap,
     UpstreamHealth,
+    accesslog,
     router_addons,
 )
 from scoperouter.proxy.addons.chain import Chain
@@ -659,3 +663,86 @@ def test_begin_makes_forward_mode_paths_absolute() -> None:
     flow.request.scheme = "http"
     state = begin(flow)
     assert state.path == "http://127.0.0.2:9292/v2/images"
+
+
+class _Clock:
+    """Fixed clocks for the access log: both of a test's lines get the same times."""
+
+    def __init__(self, elapsed: float) -> None:
+        self.elapsed = elapsed
+
+    def monotonic(self) -> float:
+        return 1000.0 + self.elapsed
+
+    def time(self) -> float:
+        return 1_700_000_000.5
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    method=st.text(min_size=1, max_size=8),
+    path=st.text(max_size=30),
+    status=st.sampled_from([0, 200, 204, 400, 404, 502, 508]),
+    elapsed=st.floats(min_value=0, max_value=200_000, allow_nan=False),
+    decision=st.sampled_from(["local", "remote", "refused", "none"]),
+    message=st.none() | st.text(max_size=200),
+    error=st.none() | st.text(max_size=200),
+)
+def test_the_direct_access_line_is_the_logging_line(
+    method: str,
+    path: str,
+    status: int,
+    elapsed: float,
+    decision: str,
+    message: str | None,
+    error: str | None,
+) -> None:
+    """The access line is written straight to the router's JSON handler (no LogRecord: a
+    third of its cost); it must be the very line the logging machinery writes for the same
+    request when another handler is in the way (a test's caplog, a filter)."""
+    stream = io.StringIO()
+    handler = logs.BatchingHandler(stream)
+    formatter = logs.JsonFormatter({"pid": 7, "router": "CloudOne", "worker": 0})
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level, logs._direct)
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    logs._direct = logs.Direct(handler, formatter)
+    chosen: Forward | Reject | None = {
+        "local": Forward(
+            cloud="CloudOne", service_type="image", interface="public", remote=False,
+            url="http://127.0.1.2:9292/v2/images?limit=1",
+        ),
+        "remote": Forward(
+            cloud='Cloud"Two', service_type="compute", interface="public", remote=True,
+            url="http://127.0.0.3:8774/v2.1/servers",
+        ),
+        "refused": Reject(400, "unknown cloud 'Nowhere'"),
+        "none": None,
+    }[decision]  # fmt: skip
+    lines = []
+    try:
+        for capture in (False, True):
+            state = FlowState(
+                request_id="req-1", headers={}, method=method, path=path, started=1000.0
+            )
+            state.decision, state.message = chosen, message
+            extra = logging.NullHandler()
+            if capture:
+                root.addHandler(extra)  # the logging machinery's turn
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(accesslog, "time", _Clock(elapsed))
+                AccessLog(None).write(state, status, error)  # type: ignore[arg-type]
+            root.removeHandler(extra)
+            [line] = handler._pending
+            handler._pending.clear()
+            lines.append(line)
+    finally:
+        root.handlers[:], logs._direct = saved[0], saved[2]
+        root.setLevel(saved[1])
+    direct, machinery = (json.loads(line) for line in lines)
+    assert direct.pop("ts").endswith("Z") and machinery.pop("ts").endswith("Z")
+    # the same text after the timestamp (the machinery's record has its own clock)
+    assert lines[0].partition('","level"')[2] == lines[1].partition('","level"')[2]
+    assert direct == machinery and direct["method"] == method and direct["path"] == path
