@@ -198,18 +198,27 @@ def _log_cost(results: dict[str, Any], targets: list[report.Target]) -> str:
     lost = 1 - cost["rps_info"] / cost["rps_warning"] if cost["rps_warning"] else float("nan")
     info_i, warn_i = cost.get("instructions_info"), cost.get("instructions_warning")
     extra = 1 - warn_i / info_i if info_i and warn_i else None
-    # The goal is on throughput; on a machine others are using, req/s moves by more than the
-    # line costs, so the share of the router's instructions the line adds is shown too (the
-    # throughput a CPU-bound router loses to it).
-    measured = f"{lost:.1%} ({cost['rps_info']:,.0f} vs {cost['rps_warning']:,.0f} req/s)"
+    info_c, warn_c = cost.get("cpu_us_info"), cost.get("cpu_us_warning")
+    extra_cpu = 1 - warn_c / info_c if info_c and warn_c else None
+    # The goal is on throughput. A router at capacity serves its cores / its CPU per request,
+    # so the throughput the line costs it is the share of the router's work (instructions,
+    # with perf) or CPU time per request the line adds; req/s at one load point says the same
+    # only when nothing else runs: on a machine others are using it moves by more than the line
+    # costs. The target is judged on the first of the three measured.
+    measured = f"{lost:.1%} of req/s ({cost['rps_info']:,.0f} vs {cost['rps_warning']:,.0f})"
+    judged = lost
+    if extra_cpu is not None:
+        measured = f"{extra_cpu:.1%} of CPU per request; " + measured
+        judged = extra_cpu
     if extra is not None:
-        measured += f"; {extra:.1%} of instructions"
+        measured = f"{extra:.1%} of instructions; " + measured
+        judged = extra
     targets.append(
         report.Target(
             "throughput lost to the INFO access log",
             f"<= {report.TARGET_LOG_COST:.0%}",
             measured,
-            lost <= report.TARGET_LOG_COST,
+            judged <= report.TARGET_LOG_COST,
         )
     )
     rounds = cost.get("rounds", 1)

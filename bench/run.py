@@ -36,7 +36,7 @@ from bench.procs import (
 TOKEN = "gAAAAABm" + "t" * 175  # the size of a Fernet token; routers do not validate it
 SMALL_PATH = "/v2/images"
 PATH_LABELS = ("direct", "one router", "two routers")
-LOG_COST_ROUNDS = 2  # per level, alternating
+LOG_COST_ROUNDS = 3  # per level, alternating
 
 
 def say(message: str) -> None:

@@ -234,3 +234,26 @@ def test_floor_report_has_ratios_and_spread() -> None:
     router = next(line for line in text.splitlines() if line.startswith("router"))
     assert "1,100" in router and "0.100" in router and "+1.100" in router and "1,400" in router
     assert "1,000-1,200" in router and "1,300-1,500" in router
+
+
+def test_log_cost_is_judged_on_the_routers_work_when_measured() -> None:
+    """A router at capacity loses the share of its work the line adds: req/s at one point
+    (moved by others' load) decides only when neither instructions nor CPU were measured."""
+    from bench import render, report
+
+    cost = {"connections": 50, "rps_info": 9_000.0, "rps_warning": 10_000.0}
+    cost |= {"cpu_us_info": None, "cpu_us_warning": None}
+    judged = []
+    for extra in ({}, {"cpu_us_info": 100.0, "cpu_us_warning": 97.0}):
+        targets: list[report.Target] = []
+        text = render._log_cost({"log_cost": {**cost, **extra}}, targets)
+        [target] = targets
+        judged.append(target)
+        assert "9,000 vs 10,000" in text
+    assert "10.0% of req/s" in judged[0].measured and not judged[0].ok
+    assert "3.0% of CPU per request" in judged[1].measured and judged[1].ok
+    both = {**cost, "cpu_us_info": 100.0, "cpu_us_warning": 97.0}
+    both |= {"instructions_info": 100_000.0, "instructions_warning": 90_000.0}
+    targets = []
+    render._log_cost({"log_cost": both}, targets)
+    assert targets[0].measured.startswith("10.0% of instructions") and not targets[0].ok
