@@ -26,7 +26,7 @@ from scoperouter.proxy.flowstate import (
     state_of,
 )
 from scoperouter.proxy.logs import FIELDS
-from scoperouter.routing import Forward
+from scoperouter.routing import Failover, FanOut, Forward
 
 access = logging.getLogger("scoperouter.access")
 
@@ -70,6 +70,12 @@ class AccessLog:
             fields["cloud"] = decision.cloud
             fields["decision"] = "remote" if decision.remote else "local"
             fields["target"] = decision.url.partition("?")[0]
+        elif isinstance(decision, FanOut | Failover):
+            fields["service"] = decision.service_type
+            fields["cloud"] = decision.expression
+            fields["decision"] = "fanout" if isinstance(decision, FanOut) else "failover"
+            if state.tried is not None:
+                fields["tried"] = _short(state.tried, 300)
         else:
             fields["decision"] = "refused"
         reason = state.message or (decision.message if isinstance(decision, Reject) else None)
