@@ -38,8 +38,8 @@ import json
 import logging
 import ssl
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Mapping
+from typing import TYPE_CHECKING, TypeVar
 
 from scoperouter.errors import Reject, error_body
 from scoperouter.failover import IDEMPOTENT, Failure
@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from scoperouter.proxy.lean import Pool, UpstreamConnection
 
 logger = logging.getLogger("scoperouter")
+T = TypeVar("T")
 
 MAX_BODY = fanout.MAX_BODY
 BODY_TOO_LARGE = (
@@ -283,14 +284,13 @@ class _Run:
                 upstream.keep_whole = True
                 assert upstream.transport is not None
                 upstream.transport.write(head + request.body)
-                try:
-                    status = await asyncio.wait_for(_final_head(upstream), response_timeout)
-                except TimeoutError:
-                    upstream.fail("response timeout")
-                    self.kinds[key] = "response"
-                    raise fanout.SendError(
-                        Failure.TIMEOUT, f"it did not answer within {response_timeout:g}s"
-                    ) from None
+                status = await self._within(
+                    key,
+                    upstream,
+                    _final_head(upstream),
+                    response_timeout,
+                    f"it did not answer within {response_timeout:g}s",
+                )
                 if status:
                     break
                 if reused and attempt == 1 and not upstream.received and method in IDEMPOTENT:
@@ -300,14 +300,13 @@ class _Run:
                 )
             assert upstream is not None
             status, _, fields = upstream.heads.popleft()
-            try:
-                await asyncio.wait_for(_whole(upstream), response_timeout)
-            except TimeoutError:
-                upstream.fail("response timeout")
-                self.kinds[key] = "response"
-                raise fanout.SendError(
-                    Failure.TIMEOUT, f"its answer did not end within {response_timeout:g}s"
-                ) from None
+            await self._within(
+                key,
+                upstream,
+                _whole(upstream),
+                response_timeout,
+                f"its answer did not end within {response_timeout:g}s",
+            )
             if upstream.error is not None and not upstream.complete:
                 if upstream.error == TOO_LARGE:
                     self.kinds[key] = "too_large"
@@ -331,6 +330,22 @@ class _Run:
         if region and status == 200:
             body = regioned(body, region, status, headers.get("content-type", "")) or body
         return fanout.Reply(status, headers, body)
+
+    async def _within(
+        self,
+        key: int,
+        upstream: UpstreamConnection,
+        step: Awaitable[T],
+        seconds: float,
+        message: str,
+    ) -> T:
+        """`step` of an exchange, given up after `seconds` (a response timeout)."""
+        try:
+            return await asyncio.wait_for(step, seconds)
+        except TimeoutError:
+            upstream.fail("response timeout")
+            self.kinds[key] = "response"
+            raise fanout.SendError(Failure.TIMEOUT, message) from None
 
 
 async def _final_head(upstream: UpstreamConnection) -> int:

@@ -45,7 +45,6 @@ from scoperouter.failover import (
     Report,
     Skipped,
     all_down_message,
-    candidates,
     classify,
     exhausted_message,
     moves_on,
@@ -164,25 +163,23 @@ class _Runner:
         return CloudAnswer(outcome.status, outcome.headers, outcome.body)
 
     async def failover(self, decision: Failover, query: str | None) -> Reply:
-        def down(candidate: Forward | FanOut) -> str | None:
-            if self.is_down is None or not isinstance(candidate, Forward):
-                return None
-            return self.is_down(candidate)
-
-        tried, skipped = candidates(decision.candidates, down)
-        skipped_forwards = [
-            Skipped(s.candidate, s.reason) for s in skipped if isinstance(s.candidate, Forward)
-        ]
-        if not tried:
-            return _error(503, all_down_message(skipped_forwards))
+        """The candidates in order. Peer health is asked about each one just before it would
+        be tried (not about those after the one that answers: a cloud past its down period is
+        probed only when it is needed)."""
         method = self.request.method
-        failures = [(s.candidate.cloud, s.reason) for s in skipped_forwards]
+        skipped: list[Skipped[Forward]] = []
+        failures: list[tuple[str, str]] = []
         outcome: Reply | SendError | None = None
-        for candidate in tried:
+        for candidate in decision.candidates:
             if isinstance(candidate, FanOut):
                 outcome = await self.fan_out(candidate, query)
                 name = candidate.expression
             else:
+                reason = None if self.is_down is None else self.is_down(candidate)
+                if reason is not None:
+                    skipped.append(Skipped(candidate, reason))
+                    failures.append((candidate.cloud, reason))
+                    continue
                 outcome = await self._attempt(candidate, query)
                 name = candidate.cloud
             if isinstance(outcome, SendError):
@@ -194,9 +191,10 @@ class _Runner:
                     failures.append((name, f"it answered {outcome.status}"))
             if not moves_on(method, failure):
                 break
+        if outcome is None:
+            return _error(503, all_down_message(skipped))
         if isinstance(outcome, Reply):
             return outcome  # the answer, or the last cloud's own error answer
-        assert isinstance(outcome, SendError)
         status = 504 if outcome.failure is Failure.TIMEOUT else 502
         return _error(status, exhausted_message(decision.service_type, failures))
 

@@ -205,22 +205,15 @@ def test_failover_past_a_hung_cloud_waits_once_then_never(setup: Setup) -> None:
 
 
 def test_the_forward_proxy_runs_combined_scopes(setup: Setup) -> None:
-    scope = json.dumps({"image": "CloudDown | CloudTwo"})
-    reply = request(
-        "GET",
-        setup.image + "/v2/images?limit=2",
-        token_headers("secret-token", scope),
-        proxy=setup.proxy,
-    )
+    def via_proxy(expression: str, path: str) -> Reply:
+        scope = json.dumps({"image": expression})
+        headers = token_headers("secret-token", scope)
+        return request("GET", setup.image + path, headers, proxy=setup.proxy)
+
+    reply = via_proxy("CloudDown | CloudTwo", "/v2/images?limit=2")
     assert reply.status == 200, reply.body
     assert [i["id"] for i in reply.json()["images"]] == ["two-0", "two-1"]
-    scope = json.dumps({"image": "CloudTwo & CloudOne"})
-    reply = request(
-        "GET",
-        setup.image + "/v2/images?limit=100",
-        token_headers("secret-token", scope),
-        proxy=setup.proxy,
-    )
+    reply = via_proxy("CloudTwo & CloudOne", "/v2/images?limit=100")
     assert reply.status == 200, reply.body
     body = reply.json()
     # CloudTwo pages by 3: the page ends there, in the expression's order, with a next link.

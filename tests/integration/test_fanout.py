@@ -118,12 +118,15 @@ def run(
     body: bytes = b"",
     down: dict[str, str] | None = None,
     headers: dict[str, str] | None = None,
+    asked: list[str] | None = None,
 ) -> Reply:
     headers = headers or {}
     decision = decision_for(clouds, expression, path, method, **headers)
     client_headers = {"x-auth-token": "secret-token", "accept": "application/json", **headers}
 
     def is_down(forward: Forward) -> str | None:
+        if asked is not None:
+            asked.append(forward.cloud)
         return None if down is None else down.get(forward.cloud)
 
     def report(forward: Forward, failure: str | None) -> None:
@@ -227,6 +230,14 @@ def test_failover_skips_a_cloud_marked_down_so_the_second_call_is_fast(clouds: C
     down["CloudTwo"] = "it refused the connection"
     reply = run(clouds, "CloudHung | CloudTwo", down=down)
     assert reply.status == 503 and "every cloud is marked down" in message(reply)
+
+
+def test_failover_asks_peer_health_only_about_the_clouds_it_tries(clouds: Clouds) -> None:
+    # CloudDown is marked down, but CloudTwo answers first: CloudDown is not asked about (a
+    # breaker past its down period would otherwise count that as its probe).
+    asked: list[str] = []
+    reply = run(clouds, "CloudTwo | CloudDown", down={"CloudDown": "refused"}, asked=asked)
+    assert reply.status == 200 and asked == ["CloudTwo"]
 
 
 def test_failover_never_repeats_a_write_that_may_have_taken_effect(clouds: Clouds) -> None:
