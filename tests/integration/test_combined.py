@@ -220,3 +220,21 @@ def test_the_forward_proxy_runs_combined_scopes(setup: Setup) -> None:
     assert [i[ORIGIN_KEY] for i in body["images"]] == ["CloudTwo"] * 3 and "next" in body
     entry = access_of(setup.routers["CloudOne"], reply.headers["x-scope-request-id"])
     assert entry["decision"] == "fanout" and entry["path"].startswith("http://127.0.0.41:")
+
+
+def test_failover_carries_a_request_body(setup: Setup, data_path: str) -> None:
+    scope = json.dumps({"image": "CloudDown | CloudTwo"})
+    headers = {**token_headers("t", scope), "Content-Type": "application/json"}
+    reply = request("POST", setup.image + "/v2/images", headers, body=b'{"name": "x"}')
+    assert (reply.status, reply.json()) == (201, {"created": "CloudTwo"})
+    method, path, seen = setup.lists["CloudTwo"].seen[-1]
+    assert (method, path, seen["content-length"]) == ("POST", "/v2/images", "13")
+    # The body is buffered for the next cloud: the lean path takes up to 32 MiB, mitmproxy's
+    # paths what they do not stream (1 MiB).
+    big = b"x" * (2 * 1024 * 1024)
+    reply = request("POST", setup.image + "/v2/images", headers, body=big)
+    if data_path == "lean":
+        assert reply.status == 201, reply.body
+        assert setup.lists["CloudTwo"].seen[-1][2]["content-length"] == str(len(big))
+    else:
+        assert reply.status == 413 and "at most 1 MiB" in reply.error_message()
