@@ -12,19 +12,9 @@ its own and knows nothing of mitmproxy or httptools.
   skipping those the engine's peer health marks down (`is_down`), and tells the engine each
   attempt's outcome (`report`) so that its circuit breaker learns from it.
 
-Plugging in the router's peer health (``proxy/addons/health.py``, keyed by
-``scheme://host:port`` of ``Forward.url``; this module does not import it, it needs mitmproxy)::
-
-    def is_down(forward):
-        upstream = health.upstreams.get(base_of(forward.url))
-        if upstream is None or not upstream.down_until:
-            return None
-        if health.clock() >= upstream.down_until:  # the down period is over: probe it
-            return None
-        return f"{upstream.name} is marked down ({upstream.reason})"
-
-and ``report(forward, failure)`` counts a failure (or clears them on None) the way the
-breaker's ``error``/``responseheaders`` hooks do.
+The router plugs in its own parts (:mod:`scoperouter.proxy.combined`): the worker's upstream
+pool as the send function, its circuit breaker (``proxy/addons/health.py``) as `is_down` and
+`report`; this module imports none of them.
 
 Bodies are buffered: ``&`` reads lists, and a ``|`` request with a body needs it again for the
 next candidate. Large transfers (images) keep the engine's streaming path with one cloud.
@@ -226,9 +216,10 @@ def _error(status: int, message: str) -> Reply:
 
 
 def httpx_sender(client: httpx.AsyncClient, max_body: int = MAX_BODY) -> Send:
-    """A send function on an ``httpx.AsyncClient`` (its pool, its TLS settings): the default
-    until the engine's own pool is plugged in. Connection failures before the request was
-    written are ``NOT_SENT``; a read timeout is ``TIMEOUT``; a broken answer ``BROKEN``."""
+    """A send function on an ``httpx.AsyncClient`` (its pool, its TLS settings), for callers
+    outside a router (tests, tools); the router sends on its own pool (proxy/combined.py).
+    Connection failures before the request was written are ``NOT_SENT``; a read timeout is
+    ``TIMEOUT``; a broken answer ``BROKEN``."""
 
     async def send(forward: Forward, url: str, request: Request) -> Reply:
         try:
