@@ -49,6 +49,14 @@ class Setup:
     lists: dict[str, ListServer]
     image: str  # CloudOne's image frontend, http://host:port
     proxy: str  # CloudOne's forward proxy
+    metrics: str  # CloudOne's /metrics
+
+    def counter(self, labels: str) -> float:
+        """scoperouter_requests_total{<labels>} of CloudOne's router now (0 before any)."""
+        for line in request("GET", self.metrics + "/metrics").body.decode().splitlines():
+            if line.startswith("scoperouter_requests_total{" + labels + "}"):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
 
     def get(self, expression: str, path: str = "/v2/images", **headers: str) -> Reply:
         scope = json.dumps({"image": expression})
@@ -67,6 +75,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory, data_path: str) -> Iterator[
     for server in lists.values():
         server.start()
     hung = SilentServer("127.0.0.44").start()
+    metrics_port = free_port("127.0.0.41")
     one_port, two_port, proxy_port = (
         free_port("127.0.0.41"),
         free_port("127.0.0.42"),
@@ -75,7 +84,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory, data_path: str) -> Iterator[
     clouds: dict[str, Any] = {
         "CloudOne": cloud_entry(
             "127.0.0.41", {"image": (one_port, "", lists["CloudOne"].url)}, proxy_port=proxy_port
-        ),
+        )
+        | {"metrics": {"listen": f"127.0.0.41:{metrics_port}"}},
         "CloudTwo": cloud_entry("127.0.0.42", {"image": (two_port, "", lists["CloudTwo"].url)}),
         "CloudDown": cloud_entry(
             "127.0.0.43", {"image": (free_port("127.0.0.43"), "", "http://127.0.1.43:9")}
@@ -106,7 +116,11 @@ def setup(tmp_path_factory: pytest.TempPathFactory, data_path: str) -> Iterator[
     start_all(routers.values())
     try:
         yield Setup(
-            routers, lists, f"http://127.0.0.41:{one_port}", f"http://127.0.0.41:{proxy_port}"
+            routers,
+            lists,
+            f"http://127.0.0.41:{one_port}",
+            f"http://127.0.0.41:{proxy_port}",
+            f"http://127.0.0.41:{metrics_port}",
         )
     finally:
         codes = stop_all(routers.values())
@@ -142,6 +156,7 @@ def test_a_merged_list_pages_through_both_clouds_once(setup: Setup, limit: int) 
     entry = access_of(setup.routers["CloudOne"], ids[-1])
     assert entry["decision"] == "fanout" and entry["cloud"] == "CloudOne & CloudTwo"
     assert entry["status"] == 200 and "CloudTwo: 200" in entry["tried"]
+    assert setup.counter('cloud="-",decision="fanout",service="image",status="200"') >= len(ids)
     two = access_of(setup.routers["CloudTwo"], ids[-1])
     assert two["decision"] == "local" and two["cloud"] == "CloudTwo"
     _, _, headers = setup.lists["CloudTwo"].seen[-1]
@@ -173,6 +188,8 @@ def test_writes_with_and_are_refused_before_any_cloud(setup: Setup) -> None:
 
 
 def test_failover_past_a_refusing_cloud_then_skipping_it(setup: Setup) -> None:
+    counted = 'cloud="CloudTwo",decision="failover",service="image",status="200"'
+    before = setup.counter(counted)
     reply = setup.get("CloudDown | CloudTwo", "/v2/images?limit=1")
     assert reply.status == 200, reply.body
     assert [i["id"] for i in reply.json()["images"]] == ["two-0"]  # CloudTwo's own answer
@@ -183,6 +200,9 @@ def test_failover_past_a_refusing_cloud_then_skipping_it(setup: Setup) -> None:
     assert reply.status == 200
     entry = access_of(setup.routers["CloudOne"], reply.headers["x-scope-request-id"])
     assert entry["tried"] == "CloudDown: skipped, marked down; CloudTwo: 200"
+    # Counted by decision, with the cloud that answered (metrics are written by the workers
+    # and read by the supervisor: no delay).
+    assert setup.counter(counted) == before + 2
 
 
 def test_failover_past_a_hung_cloud_waits_once_then_never(setup: Setup) -> None:
