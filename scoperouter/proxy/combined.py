@@ -136,7 +136,7 @@ class Combiner:
         except Exception:
             logger.exception("combining clouds failed for %s %s", state.method, state.path)
             reply = _json_reply(Reject(500, INTERNAL_ERROR))
-        state.tried = "; ".join(run.tried) or None
+        state.tried = "; ".join(text for _, text in sorted(run.tried)) or None
         state.answered = run.answered
         if reply.status >= 400 and not any(reply is r for r in run.replies):
             state.message = _message(reply)  # the router's own error answer
@@ -154,7 +154,8 @@ class _Run:
         self.kinds: dict[int, str] = {}  # forward -> how its attempt failed (for report)
         self.statuses: dict[int, int] = {}
         self.replies: list[fanout.Reply] = []  # the clouds' own answers
-        self.tried: list[str] = []
+        self.tried: list[tuple[int, str]] = []  # (when the cloud was first asked about, what)
+        self.order: dict[int, int] = {}  # forward -> that position: the expression's order
         self.answered: str | None = None
 
     # -- the executor's hooks
@@ -164,12 +165,16 @@ class _Run:
         connect, response = self.settings.timeouts(forward.remote)
         return connect + 2 * response + 1.0
 
+    def _note(self, forward: Forward, what: str) -> None:
+        self.tried.append((self.order.setdefault(id(forward), len(self.order)), what))
+
     def is_down(self, forward: Forward) -> str | None:
         self.checked.add(id(forward))
+        self.order.setdefault(id(forward), len(self.order))
         refusal = self.combiner.health.admit(forward)
         if refusal is None:
             return None
-        self.tried.append(f"{forward.cloud}: skipped, marked down")
+        self._note(forward, f"{forward.cloud}: skipped, marked down")
         return refusal.message
 
     def report(self, forward: Forward, failure: str | None) -> None:
@@ -177,12 +182,12 @@ class _Run:
         kind = self.kinds.pop(key, None)
         health = self.combiner.health
         if failure is None:
-            self.tried.append(f"{forward.cloud}: {self.statuses.pop(key, '-')}")
+            self._note(forward, f"{forward.cloud}: {self.statuses.pop(key, '-')}")
             self.answered = forward.cloud
             if kind != "local":  # the router answered itself (token swap refused)
                 health.succeeded(forward)
             return
-        self.tried.append(f"{forward.cloud}: {failure}")
+        self._note(forward, f"{forward.cloud}: {failure}")
         if kind in ("down", "loop"):
             return  # nothing new about the upstream
         if kind == "too_large":
@@ -198,6 +203,8 @@ class _Run:
 
     async def send(self, forward: Forward, url: str, request: fanout.Request) -> fanout.Reply:
         key = id(forward)
+        # Before any await: a fan-out's parts start in the expression's order.
+        self.order.setdefault(key, len(self.order))
         combiner = self.combiner
         if key not in self.checked:  # a part of A & B: the breaker's fast refusal applies
             refusal = combiner.health.admit(forward)
