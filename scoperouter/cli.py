@@ -14,6 +14,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 from scoperouter import __version__
@@ -23,6 +24,9 @@ from scoperouter.errors import ConfigError, Reject
 from scoperouter.routing import (
     AUTH_TOKEN,
     SUBJECT_TOKEN,
+    Combined,
+    Failover,
+    FanOut,
     Forward,
     Mode,
     RequestFacts,
@@ -419,9 +423,9 @@ def cmd_route(args: argparse.Namespace) -> int:
         headers=headers,
         mode=mode,
     )
-    decision = decide(facts, catalog, args.cloud)
+    decision = decide(facts, catalog, args.cloud, combined=True)
     print(render_decision(facts, decision, args.cloud, as_json=args.json))
-    return 0 if isinstance(decision, Forward) else 1
+    return 1 if isinstance(decision, Reject) else 0
 
 
 def _mask(name: str, value: str) -> str:
@@ -433,10 +437,15 @@ def _mask(name: str, value: str) -> str:
 
 
 def render_decision(
-    facts: RequestFacts, decision: Forward | Reject, cloud: str, as_json: bool = False
+    facts: RequestFacts,
+    decision: Forward | Reject | Combined,
+    cloud: str,
+    as_json: bool = False,
 ) -> str:
     """The decision for humans (or as JSON), with token values masked."""
     request = f"{facts.method} {facts.scheme}://{facts.host}:{facts.port}{facts.path}"
+    if isinstance(decision, FanOut | Failover):
+        return _render_combined(facts, decision, cloud, request, as_json)
     if isinstance(decision, Reject):
         body = json.loads(decision.body())
         if as_json:
@@ -494,6 +503,95 @@ def render_decision(
             f"{decision.catalog_region}"
         )
     return "\n".join(lines)
+
+
+_FANOUT = "each cloud's list at once, merged; reads of a list only"
+_FAILOVER = (
+    "tried in order: the next after a connection error, a 5xx or a timeout; a cloud the "
+    "router marks down is skipped"
+)
+
+
+def _render_combined(
+    facts: RequestFacts, decision: Combined, cloud: str, request: str, as_json: bool
+) -> str:
+    """A fan-out or failover: every part or candidate with its cloud and target URL."""
+    if as_json:
+        return json.dumps(
+            {"request": request, "mode": facts.mode, "router": cloud}
+            | _combined_json(decision, None)
+        )
+    kind = "fan-out" if isinstance(decision, FanOut) else "failover"
+    lines = [
+        f"request:  {request} ({facts.mode} mode, router of {cloud})",
+        f"service:  {decision.service_type}",
+        f"decision: {kind} {decision.expression} ("
+        + (_FANOUT if isinstance(decision, FanOut) else _FAILOVER)
+        + ")",
+    ]
+    lines += _combined_lines(decision, None, "  ")
+    return "\n".join(lines)
+
+
+def _steps(
+    decision: Combined, query: str | None
+) -> list[tuple[str, Forward | Combined, str | None]]:
+    """(label, part, the query it is sent with) of a fan-out's parts or a failover's
+    candidates; a fan-out gives each part its own query (limit, that cloud's marker)."""
+    if isinstance(decision, FanOut):
+        return [(label, part, decision.plan.query_for(label)) for label, part in decision.parts]
+    return [
+        (c.cloud if isinstance(c, Forward) else c.expression, c, query) for c in decision.candidates
+    ]
+
+
+def _target(forward: Forward, query: str | None) -> str:
+    return forward.url if query is None else forward.url.partition("?")[0] + query
+
+
+def _combined_lines(decision: Combined, query: str | None, indent: str) -> list[str]:
+    lines = []
+    for number, (label, part, part_query) in enumerate(_steps(decision, query), 1):
+        bullet = "-" if isinstance(decision, FanOut) else f"{number}."
+        if isinstance(part, Forward):
+            where = "its router" if part.remote else "local backend"
+            swaps = "".join(f", swaps {header_title(h)}" for h in sorted(part.swap_tokens))
+            lines.append(
+                f"{indent}{bullet} {part.cloud} ({where}{swaps}): {_target(part, part_query)}"
+            )
+        else:
+            kind = "fan-out" if isinstance(part, FanOut) else "failover"
+            lines.append(f"{indent}{bullet} {label} ({kind}):")
+            lines += _combined_lines(part, part_query, indent + "   ")
+    return lines
+
+
+def _combined_json(decision: Combined, query: str | None) -> dict[str, Any]:
+    steps = []
+    for label, part, part_query in _steps(decision, query):
+        if isinstance(part, Forward):
+            steps.append(
+                {
+                    "label": label,
+                    "decision": "forward",
+                    "cloud": part.cloud,
+                    "remote": part.remote,
+                    "target": _target(part, part_query),
+                    "set_headers": {
+                        header_title(k): _mask(k, v) for k, v in part.set_headers.items()
+                    },
+                    "swap_tokens": sorted(header_title(h) for h in part.swap_tokens),
+                }
+            )
+        else:
+            steps.append({"label": label} | _combined_json(part, part_query))
+    fanout = isinstance(decision, FanOut)
+    return {
+        "decision": "fanout" if fanout else "failover",
+        "service_type": decision.service_type,
+        "expression": decision.expression,
+        "parts" if fanout else "candidates": steps,
+    }
 
 
 if __name__ == "__main__":  # pragma: no cover

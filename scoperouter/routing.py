@@ -181,8 +181,9 @@ def decide(
     """The routing decision for one request (pure; see the module docstring for the rules).
 
     A scope entry that combines clouds (``A & B``, ``A | B``) is answered 501 unless the
-    caller runs fan-out and failover (``combined=True``): then the decision is a
-    :class:`FanOut` or a :class:`Failover` (or the 400 for a request ``&`` cannot serve)."""
+    caller runs fan-out and failover (``combined=True``, as both data paths and ``scoperouter
+    route`` do): then the decision is a :class:`FanOut` or a :class:`Failover` (or the 400 for
+    a request ``&`` cannot serve)."""
     headers = facts.headers
     # No X-Scope-Hops: a client's request, the common case (hop_limit is at least 1).
     hops = 0 if HOPS_HEADER not in headers else hop_count(headers, catalog)
@@ -288,10 +289,11 @@ def _one_of(
 
 
 def not_implemented_message(service_type: str, expr: Expr) -> str:
-    """What a router whose engine does not run fan-out/failover yet answers (with 501)."""
+    """The 501 of ``decide(..., combined=False)`` for a combined expression: a caller that
+    cannot run fan-out/failover (both data paths and ``scoperouter route`` do)."""
     return (
         f"scope for {service_type!r} is {format_expression(expr)!r}: combining clouds "
-        "with '&' or '|' is not implemented yet; name one cloud"
+        "with '&' or '|' is not supported here; name one cloud"
     )
 
 

@@ -10,6 +10,12 @@ import yaml
 from scoperouter_lab.layout import SERVICE_PORTS, CloudSpec
 from scoperouter_lab.templates import Secrets
 
+DOWN_CLOUD = "CloudDown"
+"""A cloud of the lab's federation config whose router never runs: its frontends are on
+:data:`DOWN_HOST`, where nothing of the lab listens (connections are refused). Scopes may
+name it (``{"image": "CloudDown | CloudTwo"}``: the e2e tests of failover)."""
+DOWN_HOST = "127.0.0.99"
+
 
 def federation_config(
     rows_by_cloud: Mapping[CloudSpec, Sequence[Mapping[str, str]]],
@@ -53,10 +59,26 @@ def federation_config(
                 credentials={c.name: router_entry(c) for c in others},
             )
         )
+    if rows_by_cloud:
+        clouds.append(_down_cloud())
     settings: dict[str, Any] = {"hop_limit": 8, "connect_timeout": 5.0, "response_timeout": 120.0}
     if data_path is not None:  # `lab up --data-path`; else the router's default
         settings["data_path"] = data_path
     return import_catalog(clouds, settings)
+
+
+def _down_cloud() -> Any:
+    """:data:`DOWN_CLOUD`: every service type a lab cloud may have, its router on
+    :data:`DOWN_HOST` (nothing listens there), its backends on that host's twin."""
+    from scoperouter.catalog_import import CloudEndpoints
+
+    back = DOWN_HOST.replace("127.0.0.", "127.0.1.")
+    rows = [
+        {"service_type": stype, "interface": "public", "url": f"http://{back}:{port}{path}",
+         "region": DOWN_CLOUD}
+        for stype, (port, path) in SERVICE_PORTS.items()
+    ]  # fmt: skip
+    return CloudEndpoints(name=DOWN_CLOUD, region=DOWN_CLOUD, endpoints=rows, router_host=DOWN_HOST)
 
 
 def router_entry(cloud: CloudSpec) -> str:

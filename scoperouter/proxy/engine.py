@@ -36,6 +36,7 @@ from scoperouter.catalog import Settings
 from scoperouter.proxy import mitm
 from scoperouter.proxy.addons import (
     AccessLog,
+    Combining,
     HeadGuard,
     InFlight,
     Metrics,
@@ -111,6 +112,7 @@ class Worker:
                 swap=chain.get(TokenSwap),
                 log=chain.get(AccessLog),
                 metrics=chain.get(Metrics),
+                combiner=chain.get(Combining).combiner,
             )
         self.options.update(
             **BASE_OPTIONS,

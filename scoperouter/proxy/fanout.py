@@ -12,19 +12,9 @@ its own and knows nothing of mitmproxy or httptools.
   skipping those the engine's peer health marks down (`is_down`), and tells the engine each
   attempt's outcome (`report`) so that its circuit breaker learns from it.
 
-Plugging in the router's peer health (``proxy/addons/health.py``, keyed by
-``scheme://host:port`` of ``Forward.url``; this module does not import it, it needs mitmproxy)::
-
-    def is_down(forward):
-        upstream = health.upstreams.get(base_of(forward.url))
-        if upstream is None or not upstream.down_until:
-            return None
-        if health.clock() >= upstream.down_until:  # the down period is over: probe it
-            return None
-        return f"{upstream.name} is marked down ({upstream.reason})"
-
-and ``report(forward, failure)`` counts a failure (or clears them on None) the way the
-breaker's ``error``/``responseheaders`` hooks do.
+The router plugs in its own parts (:mod:`scoperouter.proxy.combined`): the worker's upstream
+pool as the send function, its circuit breaker (``proxy/addons/health.py``) as `is_down` and
+`report`; this module imports none of them.
 
 Bodies are buffered: ``&`` reads lists, and a ``|`` request with a body needs it again for the
 next candidate. Large transfers (images) keep the engine's streaming path with one cloud.
@@ -45,7 +35,6 @@ from scoperouter.failover import (
     Report,
     Skipped,
     all_down_message,
-    candidates,
     classify,
     exhausted_message,
     moves_on,
@@ -164,25 +153,23 @@ class _Runner:
         return CloudAnswer(outcome.status, outcome.headers, outcome.body)
 
     async def failover(self, decision: Failover, query: str | None) -> Reply:
-        def down(candidate: Forward | FanOut) -> str | None:
-            if self.is_down is None or not isinstance(candidate, Forward):
-                return None
-            return self.is_down(candidate)
-
-        tried, skipped = candidates(decision.candidates, down)
-        skipped_forwards = [
-            Skipped(s.candidate, s.reason) for s in skipped if isinstance(s.candidate, Forward)
-        ]
-        if not tried:
-            return _error(503, all_down_message(skipped_forwards))
+        """The candidates in order. Peer health is asked about each one just before it would
+        be tried (not about those after the one that answers: a cloud past its down period is
+        probed only when it is needed)."""
         method = self.request.method
-        failures = [(s.candidate.cloud, s.reason) for s in skipped_forwards]
+        skipped: list[Skipped[Forward]] = []
+        failures: list[tuple[str, str]] = []
         outcome: Reply | SendError | None = None
-        for candidate in tried:
+        for candidate in decision.candidates:
             if isinstance(candidate, FanOut):
                 outcome = await self.fan_out(candidate, query)
                 name = candidate.expression
             else:
+                reason = None if self.is_down is None else self.is_down(candidate)
+                if reason is not None:
+                    skipped.append(Skipped(candidate, reason))
+                    failures.append((candidate.cloud, reason))
+                    continue
                 outcome = await self._attempt(candidate, query)
                 name = candidate.cloud
             if isinstance(outcome, SendError):
@@ -194,9 +181,10 @@ class _Runner:
                     failures.append((name, f"it answered {outcome.status}"))
             if not moves_on(method, failure):
                 break
+        if outcome is None:
+            return _error(503, all_down_message(skipped))
         if isinstance(outcome, Reply):
             return outcome  # the answer, or the last cloud's own error answer
-        assert isinstance(outcome, SendError)
         status = 504 if outcome.failure is Failure.TIMEOUT else 502
         return _error(status, exhausted_message(decision.service_type, failures))
 
@@ -228,9 +216,10 @@ def _error(status: int, message: str) -> Reply:
 
 
 def httpx_sender(client: httpx.AsyncClient, max_body: int = MAX_BODY) -> Send:
-    """A send function on an ``httpx.AsyncClient`` (its pool, its TLS settings): the default
-    until the engine's own pool is plugged in. Connection failures before the request was
-    written are ``NOT_SENT``; a read timeout is ``TIMEOUT``; a broken answer ``BROKEN``."""
+    """A send function on an ``httpx.AsyncClient`` (its pool, its TLS settings), for callers
+    outside a router (tests, tools); the router sends on its own pool (proxy/combined.py).
+    Connection failures before the request was written are ``NOT_SENT``; a read timeout is
+    ``TIMEOUT``; a broken answer ``BROKEN``."""
 
     async def send(forward: Forward, url: str, request: Request) -> Reply:
         try:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from mitmproxy import http
 
 from scoperouter.errors import Reject
-from scoperouter.routing import Forward
+from scoperouter.routing import Combined, Forward
 
 if TYPE_CHECKING:
     from mitmproxy.connection import Server
@@ -51,7 +51,7 @@ class FlowState:
     method: str
     path: str  # as the client sent it, without the query string (absolute in forward mode)
     started: float  # time.monotonic() when the request head was in
-    decision: Forward | Reject | None = None
+    decision: Forward | Reject | Combined | None = None
     server: Server | None = None  # the upstream connection opened for this flow, if any
     watches: Any = None  # the timeouts addon's timers for this flow
     timed_out: Literal["connect", "response"] | None = None
@@ -59,6 +59,11 @@ class FlowState:
     message: str | None = None  # ... and why (for the log)
     logged: bool = False  # by the access log
     counted: bool = False  # by the metrics
+    # A combined decision (A & B, A | B; proxy/combined.py): what each cloud did, for the log
+    # ("CloudDown: it refused the connection; CloudTwo: 200"), and the cloud whose answer a
+    # failover returned.
+    tried: str | None = None
+    answered: str | None = None
 
 
 def begin(flow: http.HTTPFlow) -> FlowState:

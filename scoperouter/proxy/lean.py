@@ -71,9 +71,10 @@ from scoperouter.proxy.addons.routing import (
     split_url,
     wrong_scheme,
 )
+from scoperouter.proxy.combined import BODY_TOO_LARGE, Combiner, bodiless, error_reply
 from scoperouter.proxy.flowstate import REQUEST_ID_HEADER, FlowState, new_state
 from scoperouter.proxy.listeners import Listener
-from scoperouter.routing import Forward
+from scoperouter.routing import Combined, Failover, FanOut, Forward
 
 logger = logging.getLogger("scoperouter")
 
@@ -83,6 +84,8 @@ PIPELINE_MAX = 8  # requests queued on one connection before reading from it pau
 POOL_IDLE_MAX = 64  # idle upstream connections kept per destination
 POOL_IDLE_SECONDS = 15.0  # an idle upstream connection older than this is closed
 REGION_MAX = 1024 * 1024  # a token validation's body is rewritten up to this size
+WHOLE_MAX = 32 * 1024 * 1024  # an answer read whole (catalog region, A & B / A | B) at most
+TOO_LARGE = f"its answer is larger than {WHOLE_MAX // (1024 * 1024)} MiB"
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 HOP_BY_HOP = heads.HOP_BY_HOP
 _CONTROL = heads.CONTROL
@@ -648,6 +651,8 @@ class UpstreamConnection(asyncio.Protocol):
             self.pending_size += len(body)
             if self.pending_size > HIGH_WATER and not self.keep_whole:
                 self.pause_reading()
+            elif self.pending_size > WHOLE_MAX:
+                self.fail(TOO_LARGE)
             return
         self.deliver(body)
 
@@ -793,8 +798,10 @@ class LeanServer:
         swap: TokenSwap,
         log: AccessLog,
         metrics: Metrics,
+        combiner: Combiner,
     ) -> None:
         self.config = config
+        self.combiner = combiner
         self.guard, self.health, self.swap, self.log, self.metrics = (
             guard,
             health,
@@ -803,6 +810,7 @@ class LeanServer:
             metrics,
         )
         self.pool = Pool()
+        combiner.use_pool(self.pool)  # A & B, A | B share this worker's upstream connections
         self.connections: set[ClientConnection] = set()
         self.exchanges: set[Exchange] = set()
         self.servers: list[asyncio.AbstractServer] = []
@@ -954,6 +962,10 @@ class LeanServer:
                 self.config, reverse_facts(frontend, request.method, target, request.headers), state
             )
             edits: Mapping[str, str] = {}
+            if isinstance(decision, FanOut | Failover):  # A & B, A | B: proxy/combined.py
+                state.decision = decision
+                status, error, keep = await self.combined(conn, request, state, decision)
+                return keep and not conn.closed
             if isinstance(decision, Forward):
                 refusal = self.health.admit(decision)
                 if refusal is not None:
@@ -980,6 +992,58 @@ class LeanServer:
             self.log.write(state, status, error)
             self.metrics.count(state, status)
         return keep and not conn.closed
+
+    async def combined(
+        self, conn: ClientConnection, request: Request, state: FlowState, decision: Combined
+    ) -> tuple[int, str | None, bool]:
+        """Answer a combined decision: the body read whole (bounded), the clouds asked by the
+        worker's :class:`~scoperouter.proxy.combined.Combiner`, one answer written."""
+        if request.headers.get("expect", "").lower() == "100-continue":
+            conn.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        body = bytearray()
+        message: str | None = None  # the router's own refusal
+        try:
+            while (chunk := await request.body.get()) is not None:
+                body += chunk
+                if len(body) > WHOLE_MAX:
+                    message = BODY_TOO_LARGE
+                    reply = error_reply(413, message)
+                    break
+            else:
+                reply = await self.combiner.answer(
+                    decision,
+                    state,
+                    request.method,
+                    request.headers,
+                    bytes(body),
+                    conn.listener.frontend.url.base if conn.listener.frontend else "",
+                )
+        except _ClientBodyError as exc:
+            message = str(exc)
+            reply = error_reply(400, message)
+        if message is not None:
+            state.status, state.message = reply.status, message
+        keep = request.keep_alive and not conn.draining and request.body.done
+        status = reply.status
+        fields = [
+            (name.encode("latin-1"), value.encode("utf-8", "surrogateescape"))
+            for name, value in reply.headers.items()
+            if name != "content-length"
+        ]
+        payload = reply.body
+        if bodiless(request.method, status):
+            payload = b""
+            length = reply.headers.get("content-length")
+            if length is not None and request.method == "HEAD":
+                fields.append((b"Content-Length", length.encode("latin-1")))
+        else:
+            fields.append((b"Content-Length", b"%d" % len(payload)))
+        fields.append((b"X-Scope-Request-Id", state.request_id.encode()))
+        if not keep:
+            fields.append((b"Connection", b"close"))
+        conn.write(render(status, status_title(status), fields, payload))
+        await conn.drain()
+        return status, state.message if status >= 400 else None, keep
 
     async def forward(
         self,

@@ -115,7 +115,12 @@ def test_server_create_list_delete(lab, index):
         assert listed[name]["Image"] == "tiny"
     finally:
         lab.osc(cloud, "server", "delete", "--wait", server["id"], json_out=False, timeout=300)
-    assert name not in [s["Name"] for s in lab.osc(cloud, "server", "list")]
+    # `--wait` returns once the server's status is DELETED, which nova shows a moment before
+    # the server leaves its list: the list is asked until then.
+    deadline = time.monotonic() + 60
+    while name in [s["Name"] for s in lab.osc(cloud, "server", "list")]:
+        assert time.monotonic() < deadline, f"{name} still listed 60s after its deletion"
+        time.sleep(1)
 
 
 def _get(url: str, token: str, timeout: float = 60) -> tuple[int, bytes]:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -25,43 +23,10 @@ import yaml
 
 from scoperouter.client import scope_session
 from scoperouter.scope import Scope, ScopeError, join_token
+from tests.e2e.osc import SERVER_TIMEOUT
+from tests.e2e.osc import cli as _cli
 
 pytestmark = pytest.mark.e2e
-
-OPENSTACK = Path(sys.executable).with_name("openstack")
-SERVER_TIMEOUT = 300
-
-
-# ---------------------------------------------------------------------------------- helpers
-
-
-def _cli(
-    lab, cloud: str | None, *args: str, scope: str | None = None, json_out: bool = True,
-    check: bool = True, timeout: float = SERVER_TIMEOUT,
-) -> Any:  # fmt: skip
-    """Run the main venv's `openstack` (with our plugin). check=False: the CompletedProcess."""
-    if not OPENSTACK.exists():
-        pytest.fail(f"{OPENSTACK} is missing: install the package with its `client` extra")
-    argv = [str(OPENSTACK)]
-    if cloud is not None:
-        argv += ["--os-cloud", cloud]
-    if scope is not None:
-        argv += ["--os-scope", scope]
-    argv += list(args)
-    if json_out:
-        argv += ["-f", "json"]
-    proc = subprocess.run(
-        argv, capture_output=True, text=True, timeout=timeout, env=lab.env(), check=False
-    )
-    if not check:
-        return proc
-    if proc.returncode != 0:
-        shown = " ".join(argv[1:])
-        pytest.fail(
-            f"`openstack {shown}` failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}\n"
-            f"logs: {lab.paths.logs}"
-        )
-    return json.loads(proc.stdout) if json_out and proc.stdout.strip() else proc.stdout
 
 
 def _conn(lab, cloud: str):

@@ -29,6 +29,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 CHUNK = 64 * 1024
 _PATTERN = bytes(range(256)) * (CHUNK // 256 + 1)
@@ -262,6 +263,72 @@ class RawServer(SilentServer):
             with contextlib.suppress(OSError):
                 conn.recv(65536)
                 conn.sendall(self.reply)
+
+
+class _ListHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: ListServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        query = dict(parse_qsl(url.query))
+        self.server.seen.append(
+            (self.command, self.path, {k.lower(): v for k, v in self.headers.items()})
+        )
+        ids = self.server.ids
+        start = ids.index(query["marker"]) + 1 if "marker" in query else 0
+        size = min(int(query.get("limit", self.server.cap)), self.server.cap)
+        page = ids[start : start + size]
+        body: dict[str, Any] = {"images": [{"id": i, "name": f"image {i}"} for i in page]}
+        if start + size < len(ids):
+            body["next"] = f"/v2/images?marker={page[-1]}"
+        self._send(200, body)
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        self.server.seen.append(
+            (self.command, self.path, {k.lower(): v for k, v in self.headers.items()})
+        )
+        self._send(201, {"created": self.server.name})
+
+    do_DELETE = do_POST
+
+    def _send(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class ListServer(http.server.ThreadingHTTPServer):
+    """A glance-like image list (``GET /v2/images`` with ``limit``/``marker`` paging, at most
+    `cap` a page, a ``next`` link) of `ids`; ``POST``/``DELETE`` answer 201 naming it. What it
+    received is in ``seen``."""
+
+    daemon_threads = True
+
+    def __init__(self, host: str, name: str, ids: list[str], cap: int) -> None:
+        super().__init__((host, 0), _ListHandler)
+        self.host, self.name, self.ids, self.cap = host, name, ids, cap
+        self.seen: list[tuple[str, str, dict[str, str]]] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.server_port}"
+
+    def start(self) -> ListServer:
+        threading.Thread(target=self.serve_forever, name=f"list {self.name}", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
 
 
 def main(argv: list[str] | None = None) -> int:

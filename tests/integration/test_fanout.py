@@ -13,7 +13,6 @@ server, a closed port and a server answering 500; requests over httpx (the defau
 from __future__ import annotations
 
 import asyncio
-import http.server
 import json
 import threading
 import time
@@ -32,71 +31,17 @@ from scoperouter.merge import MISSING_HEADER, ORIGIN_KEY
 from scoperouter.proxy.fanout import Reply, Request, execute, httpx_sender
 from scoperouter.routing import Failover, FanOut, Forward, RequestFacts, decide
 
-from .backends import RawServer, SilentServer
+from .backends import ListServer, RawServer, SilentServer
 from .routers import cloud_entry, free_port
 
 FRONT = ("127.0.0.2", 0)  # CloudOne's router frontend (never bound: decide only matches it)
 TIMEOUT = 0.8
 
 
-class _ListHandler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: _ListServer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        url = urlsplit(self.path)
-        query = dict(parse_qsl(url.query))
-        self.server.seen.append(
-            (self.command, self.path, {k.lower(): v for k, v in self.headers.items()})
-        )
-        ids = self.server.ids
-        start = ids.index(query["marker"]) + 1 if "marker" in query else 0
-        size = min(int(query.get("limit", self.server.cap)), self.server.cap)
-        page = ids[start : start + size]
-        body: dict[str, Any] = {"images": [{"id": i, "name": f"image {i}"} for i in page]}
-        if start + size < len(ids):
-            body["next"] = f"/v2/images?marker={page[-1]}"
-        self._send(200, body)
-
-    def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        self.rfile.read(length)
-        self.server.seen.append(
-            (self.command, self.path, {k.lower(): v for k, v in self.headers.items()})
-        )
-        self._send(201, {"created": self.server.name})
-
-    do_DELETE = do_POST
-
-    def _send(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-
-class _ListServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, host: str, name: str, ids: list[str], cap: int) -> None:
-        super().__init__((host, 0), _ListHandler)
-        self.host, self.name, self.ids, self.cap = host, name, ids, cap
-        self.seen: list[tuple[str, str, dict[str, str]]] = []
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.server_port}"
-
-
 @dataclass
 class Clouds:
     catalog: Catalog
-    lists: dict[str, _ListServer]
+    lists: dict[str, ListServer]
     hung: SilentServer
     port: int  # CloudOne's image frontend
     threads: list[threading.Thread] = field(default_factory=list)
@@ -113,7 +58,7 @@ CAPS = {"CloudOne": 4, "CloudTwo": 3, "CloudThree": 25}  # each service's own pa
 @pytest.fixture(scope="module")
 def clouds() -> Iterator[Clouds]:
     hosts = {"CloudOne": "127.0.1.2", "CloudTwo": "127.0.0.3", "CloudThree": "127.0.0.7"}
-    lists = {name: _ListServer(hosts[name], name, IDS[name], CAPS[name]) for name in IDS}
+    lists = {name: ListServer(hosts[name], name, IDS[name], CAPS[name]) for name in IDS}
     threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in lists.values()]
     for thread in threads:
         thread.start()
@@ -173,12 +118,15 @@ def run(
     body: bytes = b"",
     down: dict[str, str] | None = None,
     headers: dict[str, str] | None = None,
+    asked: list[str] | None = None,
 ) -> Reply:
     headers = headers or {}
     decision = decision_for(clouds, expression, path, method, **headers)
     client_headers = {"x-auth-token": "secret-token", "accept": "application/json", **headers}
 
     def is_down(forward: Forward) -> str | None:
+        if asked is not None:
+            asked.append(forward.cloud)
         return None if down is None else down.get(forward.cloud)
 
     def report(forward: Forward, failure: str | None) -> None:
@@ -282,6 +230,14 @@ def test_failover_skips_a_cloud_marked_down_so_the_second_call_is_fast(clouds: C
     down["CloudTwo"] = "it refused the connection"
     reply = run(clouds, "CloudHung | CloudTwo", down=down)
     assert reply.status == 503 and "every cloud is marked down" in message(reply)
+
+
+def test_failover_asks_peer_health_only_about_the_clouds_it_tries(clouds: Clouds) -> None:
+    # CloudDown is marked down, but CloudTwo answers first: CloudDown is not asked about (a
+    # breaker past its down period would otherwise count that as its probe).
+    asked: list[str] = []
+    reply = run(clouds, "CloudTwo | CloudDown", down={"CloudDown": "refused"}, asked=asked)
+    assert reply.status == 200 and asked == ["CloudTwo"]
 
 
 def test_failover_never_repeats_a_write_that_may_have_taken_effect(clouds: Clouds) -> None:

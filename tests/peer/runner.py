@@ -128,7 +128,8 @@ class Lab:
 
     @property
     def cloud_names(self) -> list[str]:
-        return list(self.federation.get("clouds", {}))
+        """The lab's clouds (not the federation's CloudDown, which has no clouds.yaml entry)."""
+        return [c for c in self.federation.get("clouds", {}) if f"{c.lower()}-admin" in self.clouds]
 
     def connect(self, entry: str, system: bool = False) -> Any:
         """An openstacksdk Connection for an entry of the lab's clouds.yaml (no environment, no

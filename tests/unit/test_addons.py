@@ -49,7 +49,7 @@ from scoperouter.proxy.addons import (
 from scoperouter.proxy.addons.chain import Chain
 from scoperouter.proxy.addons.routing import LOOP_MESSAGE
 from scoperouter.proxy.flowstate import REJECT_HOST, FlowState, begin, state_of
-from scoperouter.routing import Forward
+from scoperouter.routing import Failover, Forward
 
 from .conftest import SAMPLE
 
@@ -684,9 +684,10 @@ class _Clock:
     path=st.text(max_size=30),
     status=st.sampled_from([0, 200, 204, 400, 404, 502, 508]),
     elapsed=st.floats(min_value=0, max_value=200_000, allow_nan=False),
-    decision=st.sampled_from(["local", "remote", "refused", "none"]),
+    decision=st.sampled_from(["local", "remote", "refused", "none", "failover"]),
     message=st.none() | st.text(max_size=200),
     error=st.none() | st.text(max_size=200),
+    tried=st.none() | st.text(max_size=400),
 )
 def test_the_direct_access_line_is_the_logging_line(
     method: str,
@@ -696,6 +697,7 @@ def test_the_direct_access_line_is_the_logging_line(
     decision: str,
     message: str | None,
     error: str | None,
+    tried: str | None,
 ) -> None:
     """The access line is written straight to the router's JSON handler (no LogRecord: a
     third of its cost); it must be the very line the logging machinery writes for the same
@@ -709,7 +711,7 @@ def test_the_direct_access_line_is_the_logging_line(
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
     logs._direct = logs.Direct(handler, formatter)
-    chosen: Forward | Reject | None = {
+    chosen: Forward | Failover | Reject | None = {
         "local": Forward(
             cloud="CloudOne", service_type="image", interface="public", remote=False,
             url="http://127.0.1.2:9292/v2/images?limit=1",
@@ -720,6 +722,7 @@ def test_the_direct_access_line_is_the_logging_line(
         ),
         "refused": Reject(400, "unknown cloud 'Nowhere'"),
         "none": None,
+        "failover": Failover("image", "CloudDown | Cloud\"Two", ()),
     }[decision]  # fmt: skip
     lines = []
     try:
@@ -727,7 +730,7 @@ def test_the_direct_access_line_is_the_logging_line(
             state = FlowState(
                 request_id="req-1", headers={}, method=method, path=path, started=1000.0
             )
-            state.decision, state.message = chosen, message
+            state.decision, state.message, state.tried = chosen, message, tried
             extra = logging.NullHandler()
             if capture:
                 root.addHandler(extra)  # the logging machinery's turn

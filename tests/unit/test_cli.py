@@ -164,3 +164,50 @@ def test_check_config_validates_the_data_path(
         else:
             assert code == 1
             assert "settings.data_path: must be one of mitmproxy, lean, not 'fast'" in err
+
+
+def test_route_shows_each_part_of_a_fan_out_and_each_candidate_of_a_failover(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(
+        capsys, "route", "--config", CFG, "--cloud", "CloudOne",
+        "-H", 'X-Auth-Token: s3cr3t!SCOPE!{"image":"CloudOne & CloudTwo"}',
+        "GET", "http://127.0.0.2:9292/v2/images?limit=2",
+    )  # fmt: skip
+    assert code == 0 and "s3cr3t" not in out
+    assert "decision: fan-out CloudOne & CloudTwo (each cloud's list at once" in out
+    assert "  - CloudOne (local backend): http://127.0.1.2:9292/v2/images?limit=2" in out
+    assert "  - CloudTwo (its router): http://127.0.0.3:9292/v2/images?limit=2" in out
+    code, out, _ = run(
+        capsys, "route", "--config", CFG, "--cloud", "CloudOne", "-H", "X-Service-Token: s",
+        "--scope", '{"image": "CloudTwo | CloudOne"}', "GET", "http://127.0.0.2:9292/v2/images/x",
+    )  # fmt: skip
+    assert code == 0
+    assert "decision: failover CloudTwo | CloudOne (tried in order" in out
+    assert (
+        "  1. CloudTwo (its router, swaps X-Service-Token): http://127.0.0.3:9292/v2/images/x"
+        in out
+    )
+    assert "  2. CloudOne (local backend): http://127.0.1.2:9292/v2/images/x" in out
+    # nested, as JSON: a fan-out whose first part is a failover; token values masked
+    code, out, _ = run(
+        capsys, "route", "--config", CFG, "--cloud", "CloudOne", "--json",
+        "-H", 'X-Auth-Token: s3cr3t!SCOPE!{"image":"(CloudTwo | CloudOne) & CloudOne"}',
+        "GET", "http://127.0.0.2:9292/v2/images",
+    )  # fmt: skip
+    data = json.loads(out)
+    assert code == 0 and "s3cr3t" not in out
+    assert (data["decision"], data["expression"]) == ("fanout", "(CloudTwo | CloudOne) & CloudOne")
+    first, second = data["parts"]
+    assert first["decision"] == "failover" and first["label"] == "CloudTwo | CloudOne"
+    assert [c["cloud"] for c in first["candidates"]] == ["CloudTwo", "CloudOne"]
+    assert second["target"] == "http://127.0.1.2:9292/v2/images"
+    assert second["set_headers"]["X-Auth-Token"].startswith("<token>!SCOPE!")
+
+
+def test_route_refuses_a_write_with_and(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "route", "--config", CFG, "--cloud", "CloudOne",
+        "--scope", '{"image": "CloudOne & CloudTwo"}', "POST", "http://127.0.0.2:9292/v2/images",
+    )  # fmt: skip
+    assert code == 1 and "decision: reject 400" in out and "only merges reads of a list" in out

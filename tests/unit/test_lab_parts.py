@@ -43,7 +43,12 @@ def test_federation_config_loads_with_the_router_loader(tmp_path: Path, routed: 
     path = tmp_path / "federation.yaml"
     path.write_text(files.dump(fed, "# test\n"))
     catalog = load_catalog(path)
-    assert set(catalog.clouds) == {"CloudOne", "CloudTwo", "CloudThree"}
+    assert set(catalog.clouds) == {"CloudOne", "CloudTwo", "CloudThree", files.DOWN_CLOUD}
+    # CloudDown: every service, its router where nothing listens, no credentials of its own
+    down = catalog.clouds[files.DOWN_CLOUD]
+    assert {f.url.host for f in down.frontends} == {files.DOWN_HOST}
+    assert str(catalog.endpoint("CloudDown", "image", "public").url) == "http://127.0.0.99:9292"
+    assert "CloudDown" not in catalog.clouds["CloudOne"].credentials
     one = catalog.clouds["CloudOne"]
     assert one.proxy_listen == ("127.0.0.2", 3128)
     ep = catalog.endpoint("CloudTwo", "compute", "public")

@@ -21,6 +21,7 @@ from mitmproxy.test import taddons
 
 from scoperouter.proxy.addons import (
     AccessLog,
+    Combining,
     HeadGuard,
     Metrics,
     RouterConfig,
@@ -156,6 +157,7 @@ async def rig(tmp_path: Path, answer: Answer) -> AsyncIterator[Rig]:
             swap=chain.get(TokenSwap),
             log=chain.get(AccessLog),
             metrics=chain.get(Metrics),
+            combiner=chain.get(Combining).combiner,
         )
         await server.start(config.listeners, {})
         try:

@@ -161,7 +161,7 @@ def test_forward_mode_catalog_destinations(catalog: Catalog) -> None:
         (facts(x_scope='{"image": "Nowhere"}'), 400, "unknown cloud 'Nowhere' for 'image'"),
         (facts(x_scope='{"volume": "CloudNine"}'), 400, "unknown cloud 'CloudNine' for 'volume'"),
         (facts(x_scope='{"image": "CloudTwo &"}'), 400, "expected a cloud name"),
-        (facts(x_scope='{"image": "CloudTwo & CloudOne"}'), 501, "not implemented yet"),
+        (facts(x_scope='{"image": "CloudTwo & CloudOne"}'), 501, "not supported here"),
         (facts(x_scope='{"image": "CloudTwo", "x": "A"}'), 400, "unknown cloud 'A' for 'x'"),
         (facts(x_scope='{"volume": "CloudTwo &"}'), 400, "scope for 'volume': expected a cloud"),
         (facts(x_scope='{"image": "CloudTwo"}', x_scope_hops="8"), 508, "routing loop"),

@@ -11,6 +11,8 @@ Hook order (``router_addons``) and concern:
 * ``InFlight`` - the request in progress on each client connection.
 * ``UpstreamHealth`` - a circuit breaker per upstream: fail fast while one is down.
 * ``TokenSwap`` - cross-cloud identity: local service tokens carried to other clouds.
+* ``Combining`` - ``A & B`` / ``A | B`` answered with the worker's ``Combiner`` (mitmproxy
+  paths; the lean data path calls the same Combiner).
 * ``Timeouts`` - connect and response timeouts per destination kind (backend, peer router).
 * ``ErrorAnswers`` - upstream failures and client faults: status and JSON message.
 * ``CatalogRegion`` - token validations answered by another cloud: region twins.
@@ -23,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from scoperouter.proxy.addons.accesslog import AccessLog
+from scoperouter.proxy.addons.combining import Combining
 from scoperouter.proxy.addons.config import RouterConfig
 from scoperouter.proxy.addons.errors import ErrorAnswers
 from scoperouter.proxy.addons.guard import HeadGuard
@@ -41,13 +44,15 @@ def router_addons(config: RouterConfig) -> list[Any]:
     health = UpstreamHealth(config)
     log = AccessLog(config)
     metrics = Metrics(config, health)
+    swap = TokenSwap(config)
     return [
         config,
         HeadGuard(config, sinks=(log, metrics)),
         Routing(config),
         inflight,
         health,
-        TokenSwap(config),
+        swap,
+        Combining(config, health, swap),
         Timeouts(config, inflight),
         ErrorAnswers(config),
         CatalogRegion(),
@@ -59,6 +64,7 @@ def router_addons(config: RouterConfig) -> list[Any]:
 __all__ = [
     "AccessLog",
     "CatalogRegion",
+    "Combining",
     "ErrorAnswers",
     "HeadGuard",
     "InFlight",

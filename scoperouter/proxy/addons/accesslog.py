@@ -27,7 +27,7 @@ from scoperouter.proxy.flowstate import (
     state_of,
 )
 from scoperouter.proxy.logs import FIELDS
-from scoperouter.routing import Forward
+from scoperouter.routing import Failover, FanOut, Forward
 
 access = logging.getLogger("scoperouter.access")
 
@@ -81,6 +81,12 @@ class AccessLog:
                 fields["cloud"] = decision.cloud
                 fields["decision"] = "remote" if decision.remote else "local"
                 fields["target"] = decision.url.partition("?")[0]
+            elif isinstance(decision, FanOut | Failover):
+                fields["service"] = decision.service_type
+                fields["cloud"] = decision.expression
+                fields["decision"] = "fanout" if isinstance(decision, FanOut) else "failover"
+                if state.tried is not None:
+                    fields["tried"] = _short(state.tried, 300)
             else:
                 fields["decision"] = "refused"
             if note is not None:
@@ -101,6 +107,13 @@ class AccessLog:
                 f',"decision":"{"remote" if decision.remote else "local"}"'
                 f',"target":{q(decision.url.partition("?")[0])}'
             )
+        elif isinstance(decision, FanOut | Failover):
+            line += (
+                f',"service":{q(decision.service_type)},"cloud":{q(decision.expression)}'
+                f',"decision":"{"fanout" if isinstance(decision, FanOut) else "failover"}"'
+            )
+            if state.tried is not None:
+                line += f',"tried":{q(_short(state.tried, 300))}'
         else:
             line += ',"decision":"refused"'
         if note is not None:

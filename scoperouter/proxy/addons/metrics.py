@@ -19,7 +19,7 @@ from scoperouter.proxy import metrics
 from scoperouter.proxy.addons.config import RouterConfig
 from scoperouter.proxy.addons.health import Upstream, UpstreamHealth
 from scoperouter.proxy.flowstate import FlowState, HeadRefusal, state_of
-from scoperouter.routing import Forward
+from scoperouter.routing import Failover, FanOut, Forward
 
 
 class Metrics:
@@ -84,6 +84,10 @@ class Metrics:
                 "remote" if decision.remote else "local",
                 status,
             )
+        elif isinstance(decision, FanOut):
+            key = (decision.service_type, "-", "fanout", status)
+        elif isinstance(decision, Failover):  # the cloud that answered (bounded label values)
+            key = (decision.service_type, state.answered or "-", "failover", status)
         else:
             key = ("-", "-", "refused", status)
         self._observe(key, time.monotonic() - state.started)

@@ -33,7 +33,7 @@ from scoperouter.proxy.flowstate import (
     json_response,
     set_headers,
 )
-from scoperouter.routing import Forward, RequestFacts, decide
+from scoperouter.routing import Combined, Forward, RequestFacts, decide
 
 logger = logging.getLogger("scoperouter")
 
@@ -54,12 +54,15 @@ class Routing:
                 apply_forward(flow, decision, state.request_id)
                 state.decision = decision
                 return
+            if not isinstance(decision, Reject):  # A & B, A | B: the Combining addon runs it
+                state.decision = decision
+                return
         except Exception:  # the router must answer, whatever happens
             logger.exception("routing failed for %s %s", state.method, state.path)
             decision = Reject(500, INTERNAL_ERROR)
         answer(flow, state, decision)
 
-    def _decide(self, flow: http.HTTPFlow, state: FlowState) -> Forward | Reject:
+    def _decide(self, flow: http.HTTPFlow, state: FlowState) -> Forward | Reject | Combined:
         config = self.config
         request = flow.request
         listener = config.by_spec.get(flow.client_conn.proxy_mode.full_spec)
@@ -82,7 +85,7 @@ class Routing:
             if mismatch is not None:
                 return mismatch
             facts = reverse_facts(frontend, request.method, request.path, headers)
-        return decide(facts, config.current(), config.cloud)
+        return decide(facts, config.current(), config.cloud, combined=True)
 
     def http_connect(self, flow: http.HTTPFlow) -> None:
         state = begin(flow)
@@ -132,10 +135,14 @@ def wrong_scheme(config: RouterConfig, frontend: Frontend, tls: bool) -> Reject 
     return Reject(400, f"{frontend.url} of {config.cloud} speaks {expected} only")
 
 
-def route(config: RouterConfig, facts: RequestFacts, state: FlowState) -> Forward | Reject:
-    """decide() on the current config; a failure of the router itself is a 500, logged."""
+def route(
+    config: RouterConfig, facts: RequestFacts, state: FlowState
+) -> Forward | Reject | Combined:
+    """decide() on the current config, combined expressions included (``A & B``, ``A | B``:
+    both data paths run them with :mod:`scoperouter.proxy.combined`); a failure of the router
+    itself is a 500, logged."""
     try:
-        return decide(facts, config.current(), config.cloud)
+        return decide(facts, config.current(), config.cloud, combined=True)
     except Exception:  # the router must answer, whatever happens
         logger.exception("routing failed for %s %s", state.method, state.path)
         return Reject(500, INTERNAL_ERROR)
