@@ -69,3 +69,13 @@ def issue(directory: Path, *ips: str, name: str = "frontend") -> tuple[Path, Pat
         )
     )
     return cert_path, key_path, ca_path
+
+
+def federation_ca(directory: Path, routers: dict[str, str]) -> tuple[Path, dict[str, Path]]:
+    """One CA and, for each router name -> address, a certificate signed by it (the lab's
+    own CA code, :mod:`scoperouter_lab.pki`): ``ca.crt``, ``<name>.crt`` and ``<name>.key``;
+    returns (ca, {name: cert}), each key beside its cert."""
+    from scoperouter_lab import pki
+
+    ca = pki.make_ca(directory, "ca")
+    return ca[0], {name: pki.issue(ca, directory, name, [ip])[0] for name, ip in routers.items()}
