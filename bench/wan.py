@@ -65,7 +65,14 @@ from bench.procs import BenchError, Proc, Processes
 A_ADDR, B_ADDR = "10.250.0.1", "10.250.0.2"
 ROUTER_A = "127.0.0.2"  # CloudOne's router frontend, inside A
 BACKEND_B = "127.0.1.3"  # CloudTwo's backend, inside B
-PORTS = {"plain": 8000, "tls": 8443, "backend": 8001, "router": 9292, "identity": 5000}
+PORTS = {
+    "plain": 8000,
+    "tls": 8443,
+    "backend": 8001,
+    "router": 9292,
+    "identity": 5000,
+    "peer": 9443,
+}
 TOKEN = "gAAAAABm" + "x" * 175  # Fernet-sized; the routers do not validate tokens here
 SCOPE = '{"image":"CloudTwo"}'
 
@@ -291,7 +298,8 @@ class Wan:
         self.ns = (f"srwan{tag}a", f"srwan{tag}b")
         self.tuns = (f"srwa{tag}", f"srwb{tag}")
         self.link: Proc | None = None
-        self.certs: tuple[Path, Path, Path] | None = None
+        self.certs: dict[str, Path] | None = None  # cloud -> certificate (its key beside it)
+        self.ca: Path | None = None
         self.notes: list[str] = []
 
     # namespaces and the link
@@ -382,8 +390,8 @@ class Wan:
             "--header-json",
             json.dumps(headers),
         ]
-        if self.certs is not None:
-            argv += ["--cafile", str(self.certs[2])]
+        if self.ca is not None:
+            argv += ["--cafile", str(self.ca)]
         done = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=900)
         if done.returncode:
             raise BenchError(f"the load client failed: {done.stderr.strip()[-2000:]}")
@@ -397,10 +405,11 @@ class Wan:
         concurrency: int,
         new: bool,
         headers: dict[str, str] | None = None,
+        requests: int | None = None,
     ) -> Point:
         headers = headers or {}
         before = self.counters()
-        result = self.load(url, concurrency, self.args.requests, new, headers)
+        result = self.load(url, concurrency, requests or self.args.requests, new, headers)
         after = self.counters()
         syns = after["syn_ab"] - before["syn_ab"]
         if not new:  # the open connections are opened before the clock starts
@@ -426,13 +435,23 @@ class Wan:
 
     # the routers
     def federation(self, tls: bool) -> Path:
+        """Plain: CloudOne's router reaches CloudTwo's on its frontend (no peer links). TLS:
+        each router has a peer link (https, a certificate of the bench's CA, which
+        ``settings.peers.ca`` names), and CloudOne's router keeps warm connections to
+        CloudTwo's across the link."""
         scheme = "https" if tls else "http"
-        two: dict[str, Any] = {"url": f"{scheme}://{B_ADDR}:{PORTS['router']}"}
+        two: dict[str, Any] = {"url": f"http://{B_ADDR}:{PORTS['router']}"}
         settings: dict[str, Any] = {"connect_timeout": 10.0, "response_timeout": 30.0}
+        links: dict[str, dict[str, Any]] = {}
         if tls:
             assert self.certs is not None
-            two["tls"] = {"cert": str(self.certs[0]), "key": str(self.certs[1])}
-            settings["ca_bundle"] = str(self.certs[2])
+            for name, host in (("CloudOne", A_ADDR), ("CloudTwo", B_ADDR)):
+                cert = self.certs[name]
+                links[name] = {
+                    "url": f"https://{host}:{PORTS['peer']}",
+                    "tls": {"cert": str(cert), "key": str(cert.with_suffix(".key"))},
+                }
+            settings["peers"] = {"ca": str(self.ca)}
         data_path = self.args.data_path
         if data_path:
             from scoperouter.catalog import Settings
@@ -462,18 +481,21 @@ class Wan:
                 },
             }
 
+        clouds = {
+            "CloudOne": cloud(
+                ROUTER_A,
+                {"url": f"http://{ROUTER_A}:{PORTS['router']}"},
+                f"http://127.0.1.2:{PORTS['backend']}",
+                ROUTER_A,
+            ),
+            "CloudTwo": cloud(B_ADDR, two, f"http://{BACKEND_B}:{PORTS['backend']}", B_ADDR),
+        }
+        for name, link in links.items():
+            clouds[name]["peer"] = link
         data = {
             "version": 1,
             "settings": settings,
-            "clouds": {
-                "CloudOne": cloud(
-                    ROUTER_A,
-                    {"url": f"http://{ROUTER_A}:{PORTS['router']}"},
-                    f"http://127.0.1.2:{PORTS['backend']}",
-                    ROUTER_A,
-                ),
-                "CloudTwo": cloud(B_ADDR, two, f"http://{BACKEND_B}:{PORTS['backend']}", B_ADDR),
-            },
+            "clouds": clouds,
         }
         path = self.workdir / f"federation-{scheme}.yaml"
         path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -513,9 +535,9 @@ class Wan:
             time.sleep(0.5)
 
     def run(self) -> dict[str, Any]:
-        from tests.integration.certs import issue
+        from tests.integration.certs import federation_ca
 
-        self.certs = issue(self.workdir, B_ADDR, name="cloudtwo")
+        self.ca, self.certs = federation_ca(self.workdir, {"CloudOne": A_ADDR, "CloudTwo": B_ADDR})
         self.setup_link()
         server = [
             sys.executable,
@@ -526,9 +548,9 @@ class Wan:
             f"{B_ADDR}:{PORTS['tls']}:tls",
             f"{BACKEND_B}:{PORTS['backend']}",
             "--cert",
-            str(self.certs[0]),
+            str(self.certs["CloudTwo"]),
             "--key",
-            str(self.certs[1]),
+            str(self.certs["CloudTwo"].with_suffix(".key")),
         ]
         self.start_in(self.ns[1], "server", server, ready="ready")
         points: list[Point] = []
@@ -546,6 +568,20 @@ class Wan:
             url = f"http://{ROUTER_A}:{PORTS['router']}/v2/images"
             for c in levels:
                 label = f"routers, {'TLS' if tls else 'plain'} between"
+                if self.args.warmup:
+                    # Steady state: the routers' pools grow to what c clients need first.
+                    warm = self.point(
+                        f"{label} (warm-up)",
+                        url,
+                        c,
+                        new=True,
+                        headers=scoped(),
+                        requests=self.args.warmup,
+                    )
+                    self.notes.append(
+                        f"{label}, {c} clients: warm-up of {warm.requests} requests before the "
+                        f"point, {warm.wan_handshakes_per_request:g} WAN handshakes/request"
+                    )
                 points.append(self.point(label, url, c, new=True, headers=scoped()))
             for proc in started:
                 self.procs.stop(proc)
@@ -630,6 +666,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="router-to-router transport(s): plain,tls (both)",
     )
     parser.add_argument("--router-workers", type=int, default=1, help="per router (1)")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=60,
+        help="requests sent through the routers before each of their points, not measured (60)",
+    )
     parser.add_argument("--data-path", help="settings.data_path of the routers, if known")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     return parser.parse_args(argv)

@@ -16,6 +16,7 @@ import ipaddress
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -146,3 +147,25 @@ def _same(path: Path, ca: x509.Certificate, addresses: list[str]) -> bool:
     found = {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
     found |= set(san.get_values_for_type(x509.DNSName))
     return found == set(addresses)
+
+
+def peer_links(config: dict[str, Any], directory: Path) -> dict[str, Any]:
+    """`config` (a federation config as a dict) with TLS on every router-to-router hop: the
+    lab's CA in ``settings.peers.ca`` and, for every cloud, a peer link on its router's
+    address at :data:`~scoperouter_lab.layout.PEER_PORT` with a certificate for that address
+    (made here, or kept from a previous run)."""
+    from urllib.parse import urlsplit
+
+    from scoperouter_lab.layout import PEER_PORT
+
+    ca = make_ca(directory, "ca")
+    for name, cloud in config["clouds"].items():
+        host = urlsplit(cloud["frontends"][0]["url"]).hostname
+        assert host is not None
+        cert, key = issue(ca, directory, f"{name.lower()}-peer", [host])
+        cloud["peer"] = {
+            "url": f"https://{host}:{PEER_PORT}",
+            "tls": {"cert": str(cert), "key": str(key)},
+        }
+    config.setdefault("settings", {})["peers"] = {"ca": str(ca[0])}
+    return config
