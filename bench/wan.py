@@ -287,6 +287,7 @@ class Point:
     p99_ms: float | None
     wan_handshakes_per_request: float
     statuses: dict[int, int]
+    router_cpu_us: list[float] | None = None  # CPU per request of each router (all processes)
 
 
 class Wan:
@@ -301,6 +302,7 @@ class Wan:
         self.certs: dict[str, Path] | None = None  # cloud -> certificate (its key beside it)
         self.ca: Path | None = None
         self.notes: list[str] = []
+        self.running_routers: list[Proc] = []  # their CPU time is measured per point
 
     # namespaces and the link
     def ip(self, *argv: str, ns: str | None = None) -> None:
@@ -409,7 +411,9 @@ class Wan:
     ) -> Point:
         headers = headers or {}
         before = self.counters()
+        cpu_before = [_cpu(proc.pid) for proc in self.running_routers]
         result = self.load(url, concurrency, requests or self.args.requests, new, headers)
+        cpu_after = [_cpu(proc.pid) for proc in self.running_routers]
         after = self.counters()
         syns = after["syn_ab"] - before["syn_ab"]
         if not new:  # the open connections are opened before the clock starts
@@ -425,11 +429,18 @@ class Wan:
             result["p99_ms"],
             round(syns / done, 3),
             result["statuses"],
+            [round((b - a) * 1e6 / done) for a, b in zip(cpu_before, cpu_after, strict=True)]
+            or None,
         )
         say(
             f"{label:28s} {point.connection:15s} c={concurrency:<3d} p50 {_ms(point.p50_ms)} ms "
             f"p99 {_ms(point.p99_ms)} ms, {point.wan_handshakes_per_request:g} WAN handshakes/req"
             + (f", {point.errors} errors" if point.errors else "")
+            + (
+                f", router CPU {' + '.join(map(str, point.router_cpu_us))} us/req"
+                if point.router_cpu_us
+                else ""
+            )
         )
         return point
 
@@ -507,6 +518,7 @@ class Wan:
         for ns, cloud in zip(self.ns, ("CloudOne", "CloudTwo"), strict=True):
             argv = [
                 sys.executable,
+                *self.args.router_python_flags.split(),
                 "-m",
                 "scoperouter.cli",
                 "serve",
@@ -529,6 +541,7 @@ class Wan:
                     raise BenchError(f"{proc.name} exited; its log:\n{proc.log_tail()}")
             result = self.load(url, 1, 1, True, scoped())
             if result["statuses"].get("200"):
+                self.running_routers = started
                 return started
             if time.monotonic() > deadline:
                 raise BenchError(f"the routers do not answer 200: {result}")
@@ -583,9 +596,29 @@ class Wan:
                         f"point, {warm.wan_handshakes_per_request:g} WAN handshakes/request"
                     )
                 points.append(self.point(label, url, c, new=True, headers=scoped()))
+            self.running_routers = []
             for proc in started:
                 self.procs.stop(proc)
         return {"points": [asdict(p) for p in points], "notes": self.notes}
+
+
+def _cpu(pid: int) -> float:
+    """CPU seconds (user + system) of a process and its children (a router's workers)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for item in procs:
+        try:
+            times = item.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def scoped() -> dict[str, str]:
@@ -613,8 +646,8 @@ def render(result: dict[str, Any]) -> str:
     }
     lines = [
         "| path | connection | clients | p50 ms | p99 ms | WAN handshakes / request "
-        "| p50 / floor (direct, open) | p50 / direct new connection |",
-        "|---|---|---|---|---|---|---|---|",
+        "| p50 / floor (direct, open) | p50 / direct new connection | router CPU us/req |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for p in points:
         kind = "TLS" if "TLS" in p.path else "plain"
@@ -623,7 +656,8 @@ def render(result: dict[str, Any]) -> str:
         ratio_new = f"{p.p50_ms / new:.2f}" if p.p50_ms and new else "-"
         lines.append(
             f"| {p.path} | {p.connection} | {p.concurrency} | {_ms(p.p50_ms)} | {_ms(p.p99_ms)} "
-            f"| {p.wan_handshakes_per_request:g} | {ratio} | {ratio_new} |"
+            f"| {p.wan_handshakes_per_request:g} | {ratio} | {ratio_new} "
+            f"| {' + '.join(map(str, p.router_cpu_us)) if p.router_cpu_us else ''} |"
             + (f" {p.errors} errors" if p.errors else "")
         )
     lines += [f"\n{note}" for note in result.get("notes", [])]
@@ -666,6 +700,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="router-to-router transport(s): plain,tls (both)",
     )
     parser.add_argument("--router-workers", type=int, default=1, help="per router (1)")
+    parser.add_argument(
+        "--router-python-flags",
+        default="",
+        help="interpreter flags of the routers, e.g. -O (as production routers run)",
+    )
     parser.add_argument(
         "--warmup",
         type=int,

@@ -655,17 +655,22 @@ class UpstreamConnection(asyncio.Protocol):
     def deliver(self, body: bytes) -> None:
         sink = self.sink
         assert sink is not None
-        if self.framing == "chunked":
-            sink.write(b"%x\r\n%s\r\n" % (len(body), body))
-        else:
-            sink.write(body)
+        sink.write(self._framed(body))
 
-    def start_relay(self, sink: ClientConnection) -> None:
-        """From now on the body goes to `sink`; what came before goes first."""
+    def _framed(self, body: bytes) -> bytes:
+        if self.framing == "chunked":
+            return b"%x\r\n%s\r\n" % (len(body), body)
+        return body
+
+    def start_relay(self, sink: ClientConnection, head: bytes = b"") -> None:
+        """From now on the body goes to `sink`; `head` (the answer's head) and what came
+        before go first, in one write: a small answer that came whole leaves in one segment
+        (one TLS record on a peer link), not two."""
         self.sink = sink
         pending, self.pending, self.pending_size = self.pending, [], 0
-        for body in pending:
-            self.deliver(body)
+        data = head + b"".join(self._framed(body) for body in pending)
+        if data:
+            sink.write(data)
         self.resume_reading()
 
     def on_message_complete(self) -> None:
@@ -1337,9 +1342,9 @@ class LeanServer:
         upstream.until_close = not (length is not None or chunked or no_body or body is not None)
         if not keep:
             out.append((b"Connection", b"close"))
-        conn.write(render(status, reason.decode("latin-1"), out, body or b""))
+        answer = render(status, reason.decode("latin-1"), out, body or b"")
         if body is None and not no_body:
-            upstream.start_relay(conn)
+            upstream.start_relay(conn, answer)
             try:
                 while not upstream.complete and upstream.error is None:
                     await upstream.wait()
@@ -1352,6 +1357,8 @@ class LeanServer:
                 return self._broken(conn, state, upstream, status)
             if upstream.framing == "chunked":
                 conn.write(b"0\r\n\r\n")
+        else:
+            conn.write(answer)
         if upstream.keep_alive and upstream.complete and upstream.open:
             self.pool.give_back(upstream)
         elif upstream.transport is not None:
