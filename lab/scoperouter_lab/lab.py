@@ -602,7 +602,8 @@ Logs: {self.paths.logs}/<cloud>/<service>.log     Status: scoperouter lab status
             if base and Path(base).name.startswith("scoperouter-lab") and Path(base).exists():
                 shutil.rmtree(base)
             dropins = self.paths.root / "systemd"  # drop-ins a playbook left (CloudRunner.env)
-            for p in (self.paths.etc, self.paths.data, self.paths.run, self.paths.logs, dropins):
+            paths = self.paths
+            for p in (paths.etc, paths.data, paths.run, paths.logs, paths.pki, dropins):
                 if p.exists():
                     shutil.rmtree(p)
             for f in (self.paths.clouds_yaml, self.paths.federation_yaml, self.paths.state_file):

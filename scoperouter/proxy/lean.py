@@ -714,6 +714,7 @@ class Warm:
     timeout: float  # connect timeout
     opening: int = 0  # connects under way
     retry_at: float = 0.0  # after a failed connect: not before (time.monotonic())
+    backoff: float = 0.0  # seconds to the next try while connects fail (doubling), else 0
 
 
 class Pool:
@@ -725,9 +726,10 @@ class Pool:
     pool opens ``settings.peers.warm`` connections to each at start, and opens another in the
     background whenever fewer are idle (after a request took one, after one expired or the
     peer closed it), so a request finds the TCP and TLS handshakes across the WAN done. A
-    failed connect is tried again after :data:`WARM_RETRY_SECONDS`. Their idle time is
-    ``Peers.idle_seconds``: shorter than the peer's own idle timeout, so the pool never sends
-    on a connection the peer is closing."""
+    failed connect is tried again after :data:`WARM_RETRY_SECONDS`, doubling up to
+    :data:`WARM_RETRY_MAX` while it fails (logged once, and once when it works again). Their
+    idle time is ``Peers.idle_seconds``: shorter than the peer's own idle timeout, so the pool
+    never sends on a connection the peer is closing."""
 
     def __init__(self) -> None:
         self.idle: dict[str, list[UpstreamConnection]] = {}
@@ -735,7 +737,6 @@ class Pool:
         self.peer_ssl: ssl.SSLContext | None = None
         self.warm: dict[str, Warm] = {}
         self.idle_seconds: dict[str, float] = {}  # per destination, else POOL_IDLE_SECONDS
-        self.connects = 0  # connections opened (for tests and metrics)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -749,10 +750,11 @@ class Pool:
         for url in peers:
             scheme, host, port, _ = split_url(url)
             key = f"{scheme}://{host}:{port}"
-            old = self.warm.get(key)
-            warm[key] = Warm(scheme, host, port, settings.peers.warm, settings.peer_connect_timeout)
-            if old is not None:
-                warm[key].opening = old.opening
+            kept = self.warm.get(key)  # a reload: its connects under way count on
+            if kept is None:
+                kept = Warm(scheme, host, port, settings.peers.warm, settings.peer_connect_timeout)
+            kept.count, kept.timeout = settings.peers.warm, settings.peer_connect_timeout
+            warm[key] = kept
         self.warm = warm
         self.idle_seconds = {key: idle for key in warm}
 
@@ -790,7 +792,6 @@ class Pool:
             ),
             timeout,
         )
-        self.connects += 1
         return conn
 
     def refill(self, key: str) -> None:
@@ -798,8 +799,7 @@ class Pool:
         warm = self.warm.get(key)
         if warm is None or self._closed or time.monotonic() < warm.retry_at:
             return
-        have = sum(1 for conn in self.idle.get(key, ()) if conn.open)
-        for _ in range(warm.count - have - warm.opening):
+        for _ in range(warm.count - self.idle_count(key) - warm.opening):
             warm.opening += 1
             task = asyncio.get_running_loop().create_task(self._open_ahead(key, warm))
             self._tasks.add(task)
@@ -809,11 +809,23 @@ class Pool:
         try:
             conn = await self.connect(key, warm.scheme, warm.host, warm.port, warm.timeout)
         except (OSError, ssl.SSLError, TimeoutError) as exc:
-            warm.retry_at = time.monotonic() + WARM_RETRY_SECONDS
-            logger.info("opening a connection ahead to %s failed: %s", key, describe_error(exc))
+            if not warm.backoff:  # said once, not at every try
+                logger.warning(
+                    "cannot open connections ahead to the peer router at %s (trying again "
+                    "every %g-%gs): %s",
+                    key,
+                    WARM_RETRY_SECONDS,
+                    WARM_RETRY_MAX,
+                    describe_error(exc),
+                )
+            warm.backoff = min(WARM_RETRY_MAX, (warm.backoff * 2) or WARM_RETRY_SECONDS)
+            warm.retry_at = time.monotonic() + warm.backoff
             return
         finally:
             warm.opening -= 1
+        if warm.backoff:
+            warm.backoff = 0.0
+            logger.warning("connections ahead to the peer router at %s open again", key)
         if self._closed or self.warm.get(key) is not warm:
             if conn.transport is not None:
                 conn.transport.close()
@@ -842,6 +854,7 @@ class Pool:
             self.refill(key)
 
     def idle_count(self, key: str) -> int:
+        """Idle connections to `key` that are still open."""
         return sum(1 for conn in self.idle.get(key, ()) if conn.open)
 
     def close(self) -> None:
@@ -855,7 +868,8 @@ class Pool:
         self.idle.clear()
 
 
-WARM_RETRY_SECONDS = 5.0  # a failed connect ahead to a peer router is tried again after this
+WARM_RETRY_SECONDS = 5.0  # a failed connect ahead to a peer router is tried again after this,
+WARM_RETRY_MAX = 60.0  # doubling up to this while it keeps failing
 
 
 def _client_context(cafile: str | None, verify: bool) -> ssl.SSLContext:

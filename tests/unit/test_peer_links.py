@@ -154,3 +154,19 @@ def test_the_pool_drops_peer_connections_before_the_peer_does(
     peer_idle: float, pool_idle: float
 ) -> None:
     assert Peers().idle_seconds(peer_idle) == pytest.approx(pool_idle)
+
+
+def test_the_pool_keeps_peer_links_warm_across_reloads(tmp_path: Path) -> None:
+    from scoperouter.catalog import Settings
+    from scoperouter.proxy.lean import Pool
+
+    pool = Pool()
+    settings = Settings(peers=Peers(warm=3))
+    pool.configure(settings, ["https://127.0.0.3:9443"])
+    warm = pool.warm["https://127.0.0.3:9443"]
+    warm.opening = 2  # connects under way when the config is reloaded
+    pool.configure(Settings(peers=Peers(warm=1)), ["https://127.0.0.3:9443"])
+    assert pool.warm["https://127.0.0.3:9443"] is warm and (warm.count, warm.opening) == (1, 2)
+    assert pool.idle_seconds == {"https://127.0.0.3:9443": 54.0}
+    pool.configure(settings, [])  # the peer left the federation
+    assert pool.warm == {} and pool.idle_seconds == {}
