@@ -65,7 +65,14 @@ from bench.procs import BenchError, Proc, Processes
 A_ADDR, B_ADDR = "10.250.0.1", "10.250.0.2"
 ROUTER_A = "127.0.0.2"  # CloudOne's router frontend, inside A
 BACKEND_B = "127.0.1.3"  # CloudTwo's backend, inside B
-PORTS = {"plain": 8000, "tls": 8443, "backend": 8001, "router": 9292, "identity": 5000}
+PORTS = {
+    "plain": 8000,
+    "tls": 8443,
+    "backend": 8001,
+    "router": 9292,
+    "identity": 5000,
+    "peer": 9443,
+}
 TOKEN = "gAAAAABm" + "x" * 175  # Fernet-sized; the routers do not validate tokens here
 SCOPE = '{"image":"CloudTwo"}'
 
@@ -280,6 +287,7 @@ class Point:
     p99_ms: float | None
     wan_handshakes_per_request: float
     statuses: dict[int, int]
+    router_cpu_us: list[float] | None = None  # CPU per request of each router (all processes)
 
 
 class Wan:
@@ -291,8 +299,10 @@ class Wan:
         self.ns = (f"srwan{tag}a", f"srwan{tag}b")
         self.tuns = (f"srwa{tag}", f"srwb{tag}")
         self.link: Proc | None = None
-        self.certs: tuple[Path, Path, Path] | None = None
+        self.certs: dict[str, Path] | None = None  # cloud -> certificate (its key beside it)
+        self.ca: Path | None = None
         self.notes: list[str] = []
+        self.running_routers: list[Proc] = []  # their CPU time is measured per point
 
     # namespaces and the link
     def ip(self, *argv: str, ns: str | None = None) -> None:
@@ -382,8 +392,8 @@ class Wan:
             "--header-json",
             json.dumps(headers),
         ]
-        if self.certs is not None:
-            argv += ["--cafile", str(self.certs[2])]
+        if self.ca is not None:
+            argv += ["--cafile", str(self.ca)]
         done = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=900)
         if done.returncode:
             raise BenchError(f"the load client failed: {done.stderr.strip()[-2000:]}")
@@ -397,10 +407,13 @@ class Wan:
         concurrency: int,
         new: bool,
         headers: dict[str, str] | None = None,
+        requests: int | None = None,
     ) -> Point:
         headers = headers or {}
         before = self.counters()
-        result = self.load(url, concurrency, self.args.requests, new, headers)
+        cpu_before = [_cpu(proc.pid) for proc in self.running_routers]
+        result = self.load(url, concurrency, requests or self.args.requests, new, headers)
+        cpu_after = [_cpu(proc.pid) for proc in self.running_routers]
         after = self.counters()
         syns = after["syn_ab"] - before["syn_ab"]
         if not new:  # the open connections are opened before the clock starts
@@ -416,23 +429,40 @@ class Wan:
             result["p99_ms"],
             round(syns / done, 3),
             result["statuses"],
+            [round((b - a) * 1e6 / done) for a, b in zip(cpu_before, cpu_after, strict=True)]
+            or None,
         )
         say(
             f"{label:28s} {point.connection:15s} c={concurrency:<3d} p50 {_ms(point.p50_ms)} ms "
             f"p99 {_ms(point.p99_ms)} ms, {point.wan_handshakes_per_request:g} WAN handshakes/req"
             + (f", {point.errors} errors" if point.errors else "")
+            + (
+                f", router CPU {' + '.join(map(str, point.router_cpu_us))} us/req"
+                if point.router_cpu_us
+                else ""
+            )
         )
         return point
 
     # the routers
     def federation(self, tls: bool) -> Path:
+        """Plain: CloudOne's router reaches CloudTwo's on its frontend (no peer links). TLS:
+        each router has a peer link (https, a certificate of the bench's CA, which
+        ``settings.peers.ca`` names), and CloudOne's router keeps warm connections to
+        CloudTwo's across the link."""
         scheme = "https" if tls else "http"
-        two: dict[str, Any] = {"url": f"{scheme}://{B_ADDR}:{PORTS['router']}"}
+        two: dict[str, Any] = {"url": f"http://{B_ADDR}:{PORTS['router']}"}
         settings: dict[str, Any] = {"connect_timeout": 10.0, "response_timeout": 30.0}
+        links: dict[str, dict[str, Any]] = {}
         if tls:
             assert self.certs is not None
-            two["tls"] = {"cert": str(self.certs[0]), "key": str(self.certs[1])}
-            settings["ca_bundle"] = str(self.certs[2])
+            for name, host in (("CloudOne", A_ADDR), ("CloudTwo", B_ADDR)):
+                cert = self.certs[name]
+                links[name] = {
+                    "url": f"https://{host}:{PORTS['peer']}",
+                    "tls": {"cert": str(cert), "key": str(cert.with_suffix(".key"))},
+                }
+            settings["peers"] = {"ca": str(self.ca)}
         data_path = self.args.data_path
         if data_path:
             from scoperouter.catalog import Settings
@@ -462,18 +492,21 @@ class Wan:
                 },
             }
 
+        clouds = {
+            "CloudOne": cloud(
+                ROUTER_A,
+                {"url": f"http://{ROUTER_A}:{PORTS['router']}"},
+                f"http://127.0.1.2:{PORTS['backend']}",
+                ROUTER_A,
+            ),
+            "CloudTwo": cloud(B_ADDR, two, f"http://{BACKEND_B}:{PORTS['backend']}", B_ADDR),
+        }
+        for name, link in links.items():
+            clouds[name]["peer"] = link
         data = {
             "version": 1,
             "settings": settings,
-            "clouds": {
-                "CloudOne": cloud(
-                    ROUTER_A,
-                    {"url": f"http://{ROUTER_A}:{PORTS['router']}"},
-                    f"http://127.0.1.2:{PORTS['backend']}",
-                    ROUTER_A,
-                ),
-                "CloudTwo": cloud(B_ADDR, two, f"http://{BACKEND_B}:{PORTS['backend']}", B_ADDR),
-            },
+            "clouds": clouds,
         }
         path = self.workdir / f"federation-{scheme}.yaml"
         path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -485,6 +518,7 @@ class Wan:
         for ns, cloud in zip(self.ns, ("CloudOne", "CloudTwo"), strict=True):
             argv = [
                 sys.executable,
+                *self.args.router_python_flags.split(),
                 "-m",
                 "scoperouter.cli",
                 "serve",
@@ -507,15 +541,16 @@ class Wan:
                     raise BenchError(f"{proc.name} exited; its log:\n{proc.log_tail()}")
             result = self.load(url, 1, 1, True, scoped())
             if result["statuses"].get("200"):
+                self.running_routers = started
                 return started
             if time.monotonic() > deadline:
                 raise BenchError(f"the routers do not answer 200: {result}")
             time.sleep(0.5)
 
     def run(self) -> dict[str, Any]:
-        from tests.integration.certs import issue
+        from tests.integration.certs import federation_ca
 
-        self.certs = issue(self.workdir, B_ADDR, name="cloudtwo")
+        self.ca, self.certs = federation_ca(self.workdir, {"CloudOne": A_ADDR, "CloudTwo": B_ADDR})
         self.setup_link()
         server = [
             sys.executable,
@@ -526,9 +561,9 @@ class Wan:
             f"{B_ADDR}:{PORTS['tls']}:tls",
             f"{BACKEND_B}:{PORTS['backend']}",
             "--cert",
-            str(self.certs[0]),
+            str(self.certs["CloudTwo"]),
             "--key",
-            str(self.certs[1]),
+            str(self.certs["CloudTwo"].with_suffix(".key")),
         ]
         self.start_in(self.ns[1], "server", server, ready="ready")
         points: list[Point] = []
@@ -546,10 +581,44 @@ class Wan:
             url = f"http://{ROUTER_A}:{PORTS['router']}/v2/images"
             for c in levels:
                 label = f"routers, {'TLS' if tls else 'plain'} between"
+                if self.args.warmup:
+                    # Steady state: the routers' pools grow to what c clients need first.
+                    warm = self.point(
+                        f"{label} (warm-up)",
+                        url,
+                        c,
+                        new=True,
+                        headers=scoped(),
+                        requests=self.args.warmup,
+                    )
+                    self.notes.append(
+                        f"{label}, {c} clients: warm-up of {warm.requests} requests before the "
+                        f"point, {warm.wan_handshakes_per_request:g} WAN handshakes/request"
+                    )
                 points.append(self.point(label, url, c, new=True, headers=scoped()))
+            self.running_routers = []
             for proc in started:
                 self.procs.stop(proc)
         return {"points": [asdict(p) for p in points], "notes": self.notes}
+
+
+def _cpu(pid: int) -> float:
+    """CPU seconds (user + system) of a process and its children (a router's workers)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for item in procs:
+        try:
+            times = item.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def scoped() -> dict[str, str]:
@@ -577,8 +646,8 @@ def render(result: dict[str, Any]) -> str:
     }
     lines = [
         "| path | connection | clients | p50 ms | p99 ms | WAN handshakes / request "
-        "| p50 / floor (direct, open) | p50 / direct new connection |",
-        "|---|---|---|---|---|---|---|---|",
+        "| p50 / floor (direct, open) | p50 / direct new connection | router CPU us/req |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for p in points:
         kind = "TLS" if "TLS" in p.path else "plain"
@@ -587,7 +656,8 @@ def render(result: dict[str, Any]) -> str:
         ratio_new = f"{p.p50_ms / new:.2f}" if p.p50_ms and new else "-"
         lines.append(
             f"| {p.path} | {p.connection} | {p.concurrency} | {_ms(p.p50_ms)} | {_ms(p.p99_ms)} "
-            f"| {p.wan_handshakes_per_request:g} | {ratio} | {ratio_new} |"
+            f"| {p.wan_handshakes_per_request:g} | {ratio} | {ratio_new} "
+            f"| {' + '.join(map(str, p.router_cpu_us)) if p.router_cpu_us else ''} |"
             + (f" {p.errors} errors" if p.errors else "")
         )
     lines += [f"\n{note}" for note in result.get("notes", [])]
@@ -630,6 +700,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="router-to-router transport(s): plain,tls (both)",
     )
     parser.add_argument("--router-workers", type=int, default=1, help="per router (1)")
+    parser.add_argument(
+        "--router-python-flags",
+        default="",
+        help="interpreter flags of the routers, e.g. -O (as production routers run)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=60,
+        help="requests sent through the routers before each of their points, not measured (60)",
+    )
     parser.add_argument("--data-path", help="settings.data_path of the routers, if known")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     return parser.parse_args(argv)

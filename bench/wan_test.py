@@ -12,7 +12,7 @@ import pytest
 
 from bench import wan
 from scoperouter.config import load_catalog
-from tests.integration.certs import issue
+from tests.integration.certs import federation_ca, issue
 
 
 def tcp_packet(flags: int, ihl: int = 5) -> bytes:
@@ -70,13 +70,20 @@ def test_load_client_against_the_server(tmp_path: Path, tls: bool, new: bool) ->
 def test_the_routers_federation_config_loads(tmp_path: Path) -> None:
     args = wan.parse_args(["--data-path", "lean"])
     bench = wan.Wan(args, tmp_path)
-    bench.certs = issue(tmp_path, wan.B_ADDR, name="cloudtwo")
+    bench.ca, bench.certs = federation_ca(
+        tmp_path, {"CloudOne": wan.A_ADDR, "CloudTwo": wan.B_ADDR}
+    )
     for tls in (False, True):
         catalog = load_catalog(bench.federation(tls))
         two = catalog.endpoint("CloudTwo", "image", "public")
         assert two is not None
-        assert two.url.base == f"{'https' if tls else 'http'}://{wan.B_ADDR}:9292"
-        assert (catalog.settings.ca_bundle is not None) is tls
+        assert two.url.base == f"http://{wan.B_ADDR}:9292"
+        peer = catalog.clouds["CloudTwo"].peer
+        if tls:
+            assert peer is not None and peer.url.base == f"https://{wan.B_ADDR}:9443"
+            assert catalog.settings.peers.ca == str(bench.ca)
+        else:
+            assert peer is None
 
 
 def test_table_has_ratios_to_the_floor_of_the_same_run() -> None:

@@ -114,11 +114,17 @@ class Cloud:
     # How this cloud's router authenticates in other clouds: remote cloud -> the name of a
     # clouds.yaml entry (secrets stay in clouds.yaml/secure.yaml, never in this file).
     credentials: Mapping[str, str] = field(default_factory=dict)
+    # Where the other routers of the federation reach this one (the router-to-router link:
+    # https with this router's certificate, verified against settings.peers.ca); None: they
+    # reach it on its frontends, as clients do.
+    peer: Frontend | None = None
 
     def listen_addresses(self) -> set[tuple[str, int]]:
-        """Every address this cloud's router answers on (frontend URLs, binds, the proxy)."""
-        found = {(f.url.host, f.url.port) for f in self.frontends}
-        found |= {(f.listen_host, f.listen_port) for f in self.frontends}
+        """Every address this cloud's router answers on (frontend URLs, binds, the proxy, the
+        peer link)."""
+        fronts = self.frontends if self.peer is None else (*self.frontends, self.peer)
+        found = {(f.url.host, f.url.port) for f in fronts}
+        found |= {(f.listen_host, f.listen_port) for f in fronts}
         if self.proxy_listen is not None:
             found.add(self.proxy_listen)
         return found
@@ -143,6 +149,25 @@ class Breaker:
     down_for: float = 10.0  # seconds requests for it fail fast, before one probe request
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Peers:
+    """The router-to-router links of the federation (``settings.peers``)."""
+
+    ca: str | None = None  # the federation's CA: peer links are verified against it only
+    warm: int = 2  # connections each worker keeps open ahead to every peer router
+    plain: bool = False  # allow plain HTTP between routers where a cloud has no TLS link
+
+    def idle_seconds(self, peer_idle_timeout: float) -> float:
+        """How long a pooled connection to a peer router may stay idle: shorter than the
+        peer's own ``limits.idle_timeout`` (which closes it) by 10 %, at least 2 s, so the
+        pool drops a connection before the peer does (and never sends on one being closed);
+        half of it when it is that short."""
+        margin = max(2.0, 0.1 * peer_idle_timeout)
+        if peer_idle_timeout > 2 * margin:
+            return peer_idle_timeout - margin
+        return peer_idle_timeout / 2
+
+
 DataPath = Literal["mitmproxy", "lean"]
 DATA_PATHS: tuple[DataPath, ...] = ("mitmproxy", "lean")
 
@@ -158,6 +183,7 @@ class Settings:
     verify: bool = True
     limits: Limits = field(default_factory=Limits)
     breaker: Breaker = field(default_factory=Breaker)
+    peers: Peers = field(default_factory=Peers)
     # Who carries reverse-mode traffic (frontends, router-to-router hops): the router's own
     # asyncio + httptools server (scoperouter.proxy.lean), or mitmproxy. The forward proxy
     # listener is mitmproxy's either way.

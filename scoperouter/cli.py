@@ -323,6 +323,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         f"{limits.idle_timeout:g}s; an upstream is down for {breaker.down_for:g}s after "
         f"{breaker.failures} failure{'s' if breaker.failures != 1 else ''}"
     )
+    print(f"  router-to-router links: {_links_summary(catalog)}")
     for cloud in catalog.clouds.values():
         services = sorted({ep.service_type for ep in cloud.endpoints})
         frontends = ", ".join(str(f.url) for f in cloud.frontends)
@@ -331,6 +332,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             extras.append(f"forward proxy {cloud.proxy_listen[0]}:{cloud.proxy_listen[1]}")
         if cloud.metrics_listen:
             extras.append(f"metrics {cloud.metrics_listen[0]}:{cloud.metrics_listen[1]}")
+        if cloud.peer is not None:
+            extras.append(f"peer link {cloud.peer.url.base}")
         if cloud.credentials:
             extras.append(
                 "credentials for "
@@ -341,6 +344,31 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             f"frontends {frontends}" + "".join(f"; {extra}" for extra in extras)
         )
     return 0
+
+
+def _links_summary(catalog: Catalog) -> str:
+    """How the routers of `catalog` reach each other, in one line (check-config)."""
+    settings = catalog.settings
+    peers = settings.peers
+    linked = [c for c in catalog.clouds.values() if c.peer is not None]
+    if not linked:
+        return (
+            "no peer link: each router reaches the others on their frontends as advertised "
+            "(plain HTTP where they are http://)"
+        )
+    ca = peers.ca or settings.ca_bundle or "the system's CAs"
+    plain = [
+        c.name for c in catalog.clouds.values() if c.peer is None or c.peer.url.scheme != "https"
+    ]
+    text = (
+        f"peer links, TLS verified against {ca}"
+        + ("" if settings.verify else " (NOT verified: settings.verify is false)")
+        + f"; {peers.warm} connection{'s' if peers.warm != 1 else ''} opened ahead per peer "
+        f"and worker, idle {peers.idle_seconds(settings.limits.idle_timeout):g}s"
+    )
+    if plain:
+        text += f"; plain HTTP to {', '.join(plain)} (settings.peers.plain)"
+    return text
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

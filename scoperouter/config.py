@@ -28,6 +28,7 @@ from scoperouter.catalog import (
     Endpoint,
     Frontend,
     Limits,
+    Peers,
     Settings,
     parse_hostport,
     parse_url,
@@ -35,6 +36,8 @@ from scoperouter.catalog import (
 from scoperouter.errors import ConfigError
 
 __all__ = ["build_catalog", "load_catalog", "parse_catalog", "read_config"]
+
+POOL_WARM_MAX = 64  # settings.peers.warm: at most this many connections opened ahead per peer
 
 
 def load_catalog(
@@ -116,6 +119,7 @@ class _Loader:
                         "must be another cloud of this federation",
                     )
         _refuse_router_backends(clouds)
+        _check_peer_links(clouds, settings)
         return Catalog(clouds, settings)
 
     def settings(self, data: Any, where: str) -> Settings:
@@ -151,8 +155,25 @@ class _Loader:
             verify=verify,
             limits=self.limits(doc.get("limits") or {}, f"{where}.limits"),
             breaker=self.breaker(doc.get("breaker") or {}, f"{where}.breaker"),
+            peers=self.peers(doc.get("peers") or {}, f"{where}.peers"),
             **timeouts,
         )
+
+    def peers(self, data: Any, where: str) -> Peers:
+        doc = self._mapping(data, where, allowed=set(Peers.__dataclass_fields__))
+        defaults = Peers()
+        ca = doc.get("ca")
+        if ca is not None:
+            ca = self._file(ca, f"{where}.ca")
+        warm = doc.get("warm", defaults.warm)
+        if not isinstance(warm, int) or isinstance(warm, bool) or not 0 <= warm <= POOL_WARM_MAX:
+            raise ConfigError(
+                f"{where}.warm", f"must be an integer from 0 to {POOL_WARM_MAX}, not {warm!r}"
+            )
+        plain = doc.get("plain", defaults.plain)
+        if not isinstance(plain, bool):
+            raise ConfigError(f"{where}.plain", f"must be true or false, not {plain!r}")
+        return Peers(ca=ca, warm=warm, plain=plain)
 
     def limits(self, data: Any, where: str) -> Limits:
         doc = self._mapping(data, where, allowed=set(Limits.__dataclass_fields__))
@@ -187,7 +208,7 @@ class _Loader:
             data,
             where,
             required={"frontends", "services"},
-            allowed={"region", "frontends", "proxy", "metrics", "services", "credentials"},
+            allowed={"region", "frontends", "proxy", "metrics", "services", "credentials", "peer"},
         )
         region = doc.get("region", name)
         if not isinstance(region, str) or not region:
@@ -226,6 +247,22 @@ class _Loader:
                 raise ConfigError(
                     f"{where}.credentials.{remote}", "must name a clouds.yaml entry (a string)"
                 )
+        peer = None if doc.get("peer") is None else self.frontend(doc["peer"], f"{where}.peer")
+        if peer is not None:
+            taken = {(f.listen_host, f.listen_port) for f in frontends}
+            taken |= {(f.url.host, f.url.port) for f in frontends}
+            proxy = self._listen(doc.get("proxy"), f"{where}.proxy")
+            if proxy is not None:
+                taken.add(proxy)
+            if (peer.listen_host, peer.listen_port) in taken or (
+                peer.url.host,
+                peer.url.port,
+            ) in taken:
+                raise ConfigError(
+                    f"{where}.peer",
+                    "the peer link needs an address of its own (not a frontend's or the "
+                    "forward proxy's)",
+                )
         return Cloud(
             name=name,
             region=region,
@@ -234,6 +271,7 @@ class _Loader:
             proxy_listen=self._listen(doc.get("proxy"), f"{where}.proxy"),
             metrics_listen=self._listen(doc.get("metrics"), f"{where}.metrics"),
             credentials=credentials,
+            peer=peer,
         )
 
     def frontend(self, data: Any, where: str) -> Frontend:
@@ -328,6 +366,32 @@ class _Loader:
         if not path.is_file():
             raise ConfigError(where, f"no such file: {path}")
         return str(path)
+
+
+def _check_peer_links(clouds: Mapping[str, Cloud], settings: Settings) -> None:
+    """Router-to-router hops are TLS unless the config says otherwise: once a cloud has a
+    peer link, every cloud needs one with https (other routers would reach it in plain HTTP),
+    unless ``settings.peers.plain`` allows it; a plain http peer link needs it too."""
+    if settings.peers.plain:
+        return
+    for cloud in clouds.values():
+        if cloud.peer is not None and cloud.peer.url.scheme != "https":
+            raise ConfigError(
+                f"clouds.{cloud.name}.peer.url",
+                "a peer link in plain HTTP needs settings.peers.plain: true (router-to-router "
+                "traffic is TLS unless the config says otherwise)",
+            )
+    linked = sorted(name for name, cloud in clouds.items() if cloud.peer is not None)
+    if not linked:
+        return  # no peer link at all: routers reach each other on the frontends (see README)
+    for cloud in clouds.values():
+        if cloud.peer is None and any(f.url.scheme == "http" for f in cloud.frontends):
+            raise ConfigError(
+                f"clouds.{cloud.name}",
+                f"no peer link: the routers of {', '.join(linked)} would reach {cloud.name}'s "
+                "router in plain HTTP on its frontends; give it a peer "
+                "{url: https://..., tls: {cert, key}}, or set settings.peers.plain: true",
+            )
 
 
 def _refuse_router_backends(clouds: Mapping[str, Cloud]) -> None:

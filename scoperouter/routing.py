@@ -57,6 +57,9 @@ SERVICE_TOKEN = "x-service-token"
 SUBJECT_TOKEN = "x-subject-token"
 SCOPE_HEADER = "x-scope"
 HOPS_HEADER = "x-scope-hops"
+FRONTEND_HEADER = "x-scope-frontend"
+"""On a hop over a peer link: the frontend of the peer router the request is for (the link is
+one address for every service, so the receiving router needs to be told which)."""
 IDENTITY = "identity"
 
 Mode = Literal["reverse", "forward"]
@@ -433,6 +436,14 @@ def _to_router(
 ) -> Forward:
     """Send to another cloud's router, marking the identity edits the proxy must make."""
     swaps, region = _identity_edits(headers, remote.service_type, catalog, local_cloud)
+    url = match.target(remote.url)
+    peer = catalog.clouds[remote.cloud].peer
+    if peer is not None:
+        # The peer link: the same request, sent to the peer router's link address, naming the
+        # frontend it is for (a copy: fan-out parts share the dict they were given).
+        base = remote.url.base
+        url = peer.url.base + url[len(base) :]
+        set_headers = {**set_headers, FRONTEND_HEADER: base}
     forward: Forward = _new(Forward)
     _init_forward(
         forward,
@@ -440,7 +451,7 @@ def _to_router(
         service_type=remote.service_type,
         interface=remote.interface,
         remote=True,
-        url=match.target(remote.url),
+        url=url,
         set_headers=set_headers,
         scope=scope,
         swap_tokens=swaps,

@@ -3,8 +3,10 @@
 Address plan (cloud i = 1, 2, 3 ...):
 
 * the router of cloud i listens on ``127.0.0.(1+i)`` at the standard OpenStack ports (its
-  reverse-mode frontends, what the keystone catalog advertises) and on ``127.0.0.(1+i):3128``
-  (its forward proxy, the ``HTTP_PROXY`` of the cloud's services);
+  reverse-mode frontends, what the keystone catalog advertises), on ``127.0.0.(1+i):3128``
+  (its forward proxy, the ``HTTP_PROXY`` of the cloud's services) and on
+  ``https://127.0.0.(1+i):9443`` (its peer link: the other routers' hops, TLS with a
+  certificate of the lab's CA, :mod:`scoperouter_lab.pki`);
 * the real services of cloud i listen on ``127.0.1.(1+i)``, same ports, same paths;
 * PostgreSQL and RabbitMQ (one each, shared by all clouds) listen on ``127.0.0.1``.
 
@@ -40,6 +42,7 @@ STAND_INS: dict[str, tuple[str, str, str]] = {
     "block-storage": ("block-storage", "scoperouter_lab.blockstub", "cinder"),
 }
 PROXY_PORT = 3128
+PEER_PORT = 9443  # each router's peer link (TLS, the lab's CA): the other routers' hops
 SHARED_HOST = "127.0.0.1"
 POSTGRES_PORT = 5432
 RABBIT_PORT = 5672
@@ -137,6 +140,10 @@ class CloudSpec:
         return self.backend_url(service_type) + SERVICE_PORTS[service_type][1]
 
     @property
+    def peer_url(self) -> str:
+        return f"https://{self.front_ip}:{PEER_PORT}"
+
+    @property
     def proxy_listen(self) -> str:
         return f"{self.front_ip}:{PROXY_PORT}"
 
@@ -172,6 +179,11 @@ class LabPaths:
     @property
     def federation_yaml(self) -> Path:
         return self.root / "federation.yaml"
+
+    @property
+    def pki(self) -> Path:
+        """The lab's CA and the routers' peer-link certificates (keys mode 0600)."""
+        return self.root / "pki"
 
     def venv_bin(self, name: str) -> Path:
         return self.venv / "bin" / name

@@ -96,12 +96,14 @@ class Combiner:
             from scoperouter.proxy.lean import Pool
 
             self._pool, self._own_pool = Pool(), True
-            self._pool.configure(self.config.current().settings)
+            self._configure(self.config.current())
         return self._pool
 
     def _configure(self, catalog: Catalog) -> None:
         if self._own_pool and self._pool is not None:
-            self._pool.configure(catalog.settings)
+            from scoperouter.proxy.lean import peer_links  # lean imports this module
+
+            self._pool.configure(catalog.settings, peer_links(catalog, self.config.cloud))
 
     def close(self) -> None:
         if self._own_pool and self._pool is not None:

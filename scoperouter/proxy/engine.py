@@ -62,12 +62,20 @@ BASE_OPTIONS = {
 }
 
 
-def tls_options(settings: Settings) -> dict[str, object]:
-    """mitmproxy options for verifying HTTPS upstreams (remote frontends, backends)."""
-    return {
-        "ssl_insecure": not settings.verify,
-        "ssl_verify_upstream_trusted_ca": settings.ca_bundle,
-    }
+def tls_options(settings: Settings, workdir: Path) -> dict[str, object]:
+    """mitmproxy options for verifying HTTPS upstreams (remote frontends, backends, peer
+    links). mitmproxy takes one CA file: with both ``ca_bundle`` and ``peers.ca`` it gets the
+    two in one file (in the worker's private `workdir`)."""
+    cafile = settings.ca_bundle
+    if settings.peers.ca is not None:
+        cafile = settings.peers.ca
+        if settings.ca_bundle is not None:
+            both = workdir / "upstream-ca.pem"
+            both.write_bytes(
+                Path(settings.ca_bundle).read_bytes() + b"\n" + Path(settings.peers.ca).read_bytes()
+            )
+            cafile = str(both)
+    return {"ssl_insecure": not settings.verify, "ssl_verify_upstream_trusted_ca": cafile}
 
 
 class Worker:
@@ -99,11 +107,15 @@ class Worker:
         catalog = self.config.current()
         listeners = self.config.listeners
         # data_path lean: the frontends are the lean server's, mitmproxy keeps the forward proxy.
+        # The peer link is the lean server's on either data path.
         self.lean: LeanServer | None = None
         self.reverse: tuple[Listener, ...] = ()
         if catalog.settings.data_path == "lean":
             self.reverse = tuple(item for item in listeners if item.frontend is not None)
-            listeners = tuple(item for item in listeners if item.frontend is None)
+        else:
+            self.reverse = tuple(item for item in listeners if item.peer)
+        listeners = tuple(item for item in listeners if item not in self.reverse)
+        if self.reverse:
             chain = self.chain
             self.lean = LeanServer(
                 self.config,
@@ -114,9 +126,10 @@ class Worker:
                 metrics=chain.get(Metrics),
                 combiner=chain.get(Combining).combiner,
             )
+        self.workdir = workdir
         self.options.update(
             **BASE_OPTIONS,
-            **tls_options(catalog.settings),
+            **tls_options(catalog.settings, workdir),
             certs=write_cert_bundles(listeners, workdir),
             mode=[item.spec for item in listeners],
         )
@@ -124,7 +137,7 @@ class Worker:
     def reload(self) -> None:
         try:
             if self.config.reload():
-                self.options.update(**tls_options(self.config.current().settings))
+                self.options.update(**tls_options(self.config.current().settings, self.workdir))
         except Exception:  # a reload must never take the router down
             logger.exception("reload failed; the current config stays in use")
 

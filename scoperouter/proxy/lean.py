@@ -74,7 +74,7 @@ from scoperouter.proxy.addons.routing import (
 from scoperouter.proxy.combined import BODY_TOO_LARGE, Combiner, bodiless, error_reply
 from scoperouter.proxy.flowstate import REQUEST_ID_HEADER, FlowState, new_state
 from scoperouter.proxy.listeners import Listener
-from scoperouter.routing import Combined, Failover, FanOut, Forward
+from scoperouter.routing import FRONTEND_HEADER, Combined, Failover, FanOut, Forward, header_title
 
 logger = logging.getLogger("scoperouter")
 
@@ -88,6 +88,7 @@ WHOLE_MAX = 32 * 1024 * 1024  # an answer read whole (catalog region, A & B / A 
 TOO_LARGE = f"its answer is larger than {WHOLE_MAX // (1024 * 1024)} MiB"
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 HOP_BY_HOP = heads.HOP_BY_HOP
+_FRONTEND_FIELD = FRONTEND_HEADER.encode()
 _CONTROL = heads.CONTROL
 
 
@@ -659,17 +660,22 @@ class UpstreamConnection(asyncio.Protocol):
     def deliver(self, body: bytes) -> None:
         sink = self.sink
         assert sink is not None
-        if self.framing == "chunked":
-            sink.write(b"%x\r\n%s\r\n" % (len(body), body))
-        else:
-            sink.write(body)
+        sink.write(self._framed(body))
 
-    def start_relay(self, sink: ClientConnection) -> None:
-        """From now on the body goes to `sink`; what came before goes first."""
+    def _framed(self, body: bytes) -> bytes:
+        if self.framing == "chunked":
+            return b"%x\r\n%s\r\n" % (len(body), body)
+        return body
+
+    def start_relay(self, sink: ClientConnection, head: bytes = b"") -> None:
+        """From now on the body goes to `sink`; `head` (the answer's head) and what came
+        before go first, in one write: a small answer that came whole leaves in one segment
+        (one TLS record on a peer link), not two."""
         self.sink = sink
         pending, self.pending, self.pending_size = self.pending, [], 0
-        for body in pending:
-            self.deliver(body)
+        data = head + b"".join(self._framed(body) for body in pending)
+        if data:
+            sink.write(data)
         self.resume_reading()
 
     def on_message_complete(self) -> None:
@@ -702,35 +708,85 @@ class UpstreamConnection(asyncio.Protocol):
         await self.waiter
 
 
+@dataclass(slots=True)
+class Warm:
+    """A destination the pool keeps connections open to ahead of need (a peer router)."""
+
+    scheme: str
+    host: str
+    port: int
+    count: int  # idle connections wanted
+    timeout: float  # connect timeout
+    opening: int = 0  # connects under way
+    retry_at: float = 0.0  # after a failed connect: not before (time.monotonic())
+    backoff: float = 0.0  # seconds to the next try while connects fail (doubling), else 0
+
+
 class Pool:
     """Upstream connections of this process, per destination (``scheme://host:port``): idle
     keep-alive connections are reused (at most :data:`POOL_IDLE_MAX` per destination, closed
-    after :data:`POOL_IDLE_SECONDS` idle)."""
+    after :data:`POOL_IDLE_SECONDS` idle, or after the idle time of a peer router's link).
+
+    Peer routers (the other clouds' routers, on their peer links) are *warm* destinations: the
+    pool opens ``settings.peers.warm`` connections to each at start, and opens another in the
+    background whenever fewer are idle (after a request took one, after one expired or the
+    peer closed it), so a request finds the TCP and TLS handshakes across the WAN done. A
+    failed connect is tried again after :data:`WARM_RETRY_SECONDS`, doubling up to
+    :data:`WARM_RETRY_MAX` while it fails (logged once, and once when it works again). Their
+    idle time is ``Peers.idle_seconds``: shorter than the peer's own idle timeout, so the pool
+    never sends on a connection the peer is closing."""
 
     def __init__(self) -> None:
         self.idle: dict[str, list[UpstreamConnection]] = {}
         self.ssl: ssl.SSLContext | None = None
+        self.peer_ssl: ssl.SSLContext | None = None
+        self.warm: dict[str, Warm] = {}
+        self.idle_seconds: dict[str, float] = {}  # per destination, else POOL_IDLE_SECONDS
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
 
-    def configure(self, settings: Settings) -> None:
-        context = ssl.create_default_context(cafile=settings.ca_bundle)
-        if not settings.verify:
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        self.ssl = context
+    def configure(self, settings: Settings, peers: Iterable[str] = ()) -> None:
+        """TLS contexts from `settings`; `peers`: the peer links' base URLs
+        (``https://host:port``) this router sends to, kept warm."""
+        self.ssl = _client_context(settings.ca_bundle, settings.verify)
+        self.peer_ssl = _client_context(settings.peers.ca or settings.ca_bundle, settings.verify)
+        idle = settings.peers.idle_seconds(settings.limits.idle_timeout)
+        warm: dict[str, Warm] = {}
+        for url in peers:
+            scheme, host, port, _ = split_url(url)
+            key = f"{scheme}://{host}:{port}"
+            kept = self.warm.get(key)  # a reload: its connects under way count on
+            if kept is None:
+                kept = Warm(scheme, host, port, settings.peers.warm, settings.peer_connect_timeout)
+            kept.count, kept.timeout = settings.peers.warm, settings.peer_connect_timeout
+            warm[key] = kept
+        self.warm = warm
+        self.idle_seconds = {key: idle for key in warm}
 
     def take(self, key: str) -> UpstreamConnection | None:
         idle = self.idle.get(key)
-        while idle:
-            conn = idle.pop()
-            if conn.open:
-                return conn
-        return None
+        found = None
+        if idle:
+            limit = self.idle_seconds.get(key, POOL_IDLE_SECONDS)
+            now = time.monotonic()
+            while idle:
+                conn = idle.pop()
+                if conn.open and now - conn.idle_since <= limit:
+                    found = conn
+                    break
+                if conn.transport is not None:
+                    conn.transport.close()
+        if key in self.warm:
+            self.refill(key)
+        return found
 
     async def connect(
         self, key: str, scheme: str, host: str, port: int, timeout: float
     ) -> UpstreamConnection:
         loop = asyncio.get_running_loop()
-        tls = self.ssl if scheme == "https" else None
+        tls = None
+        if scheme == "https":
+            tls = self.peer_ssl if key in self.warm else self.ssl
         _, conn = await asyncio.wait_for(
             loop.create_connection(
                 lambda: UpstreamConnection(key),
@@ -743,11 +799,49 @@ class Pool:
         )
         return conn
 
+    def refill(self, key: str) -> None:
+        """Open connections to a warm destination until `count` are idle or opening."""
+        warm = self.warm.get(key)
+        if warm is None or self._closed or time.monotonic() < warm.retry_at:
+            return
+        for _ in range(warm.count - self.idle_count(key) - warm.opening):
+            warm.opening += 1
+            task = asyncio.get_running_loop().create_task(self._open_ahead(key, warm))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _open_ahead(self, key: str, warm: Warm) -> None:
+        try:
+            conn = await self.connect(key, warm.scheme, warm.host, warm.port, warm.timeout)
+        except (OSError, ssl.SSLError, TimeoutError) as exc:
+            if not warm.backoff:  # said once, not at every try
+                logger.warning(
+                    "cannot open connections ahead to the peer router at %s (trying again "
+                    "every %g-%gs): %s",
+                    key,
+                    WARM_RETRY_SECONDS,
+                    WARM_RETRY_MAX,
+                    describe_error(exc),
+                )
+            warm.backoff = min(WARM_RETRY_MAX, (warm.backoff * 2) or WARM_RETRY_SECONDS)
+            warm.retry_at = time.monotonic() + warm.backoff
+            return
+        finally:
+            warm.opening -= 1
+        if warm.backoff:
+            warm.backoff = 0.0
+            logger.warning("connections ahead to the peer router at %s open again", key)
+        if self._closed or self.warm.get(key) is not warm:
+            if conn.transport is not None:
+                conn.transport.close()
+            return
+        self.give_back(conn)
+
     def give_back(self, conn: UpstreamConnection) -> None:
         if not conn.open:
             return
         idle = self.idle.setdefault(conn.key, [])
-        if len(idle) >= POOL_IDLE_MAX:
+        if len(idle) >= POOL_IDLE_MAX or self._closed:
             if conn.transport is not None:
                 conn.transport.close()
             return
@@ -755,18 +849,54 @@ class Pool:
         idle.append(conn)
 
     def sweep(self, now: float) -> None:
-        for idle in self.idle.values():
-            for conn in [c for c in idle if now - c.idle_since > POOL_IDLE_SECONDS or not c.open]:
+        for key, idle in self.idle.items():
+            limit = self.idle_seconds.get(key, POOL_IDLE_SECONDS)
+            for conn in [c for c in idle if now - c.idle_since > limit or not c.open]:
                 idle.remove(conn)
                 if conn.transport is not None:
                     conn.transport.close()
+        for key in self.warm:
+            self.refill(key)
+
+    def idle_count(self, key: str) -> int:
+        """Idle connections to `key` that are still open."""
+        return sum(1 for conn in self.idle.get(key, ()) if conn.open)
 
     def close(self) -> None:
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
         for idle in self.idle.values():
             for conn in idle:
                 if conn.transport is not None:
                     conn.transport.close()
         self.idle.clear()
+
+
+WARM_RETRY_SECONDS = 5.0  # a failed connect ahead to a peer router is tried again after this,
+WARM_RETRY_MAX = 60.0  # doubling up to this while it keeps failing
+
+
+def _client_context(cafile: str | None, verify: bool) -> ssl.SSLContext:
+    """A TLS client context: verified against `cafile` (else the system's CAs), the host name
+    checked, unless `verify` is off."""
+    context = ssl.create_default_context(cafile=cafile)
+    context.set_alpn_protocols(["http/1.1"])
+    if not verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def describe_error(exc: BaseException) -> str:
+    """A connection error in words for the client and the log: a failed certificate check says
+    so (and why) rather than OpenSSL's bracketed code."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        why = exc.verify_message or exc.reason or str(exc)
+        return f"TLS certificate verification failed: {why}"
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS handshake failed: {exc.reason or exc}"
+    return str(exc) or type(exc).__name__
 
 
 # ------------------------------------------------------------------------------ server
@@ -784,6 +914,16 @@ class Exchange:
     def progress(self) -> None:
         if self.response_at is not None:
             self.response_at = time.monotonic() + self.response_timeout
+
+
+def peer_links(catalog: Catalog, cloud: str) -> list[str]:
+    """The other clouds' peer links (base URLs): a pool's warm destinations, verified with
+    the federation's CA (``settings.peers.ca``)."""
+    return [
+        other.peer.url.base
+        for name, other in catalog.clouds.items()
+        if name != cloud and other.peer is not None
+    ]
 
 
 class LeanServer:
@@ -818,11 +958,18 @@ class LeanServer:
         self.sniffing: set[asyncio.Task[None]] = set()  # connections not yet told apart
         self._sweeper: asyncio.Task[None] | None = None
         self.settings = config.current().settings
+        self.frontends: dict[str, Frontend] = {}  # this cloud's, by base URL (the peer link)
         config.subscribe(self._configure)
 
     def _configure(self, catalog: Catalog) -> None:
         self.settings = catalog.settings
-        self.pool.configure(catalog.settings)
+        cloud = self.config.cloud
+        self.frontends = (
+            {f.url.base: f for f in catalog.clouds[cloud].frontends}
+            if cloud in catalog.clouds
+            else {}
+        )
+        self.pool.configure(catalog.settings, peer_links(catalog, cloud))
 
     async def start(
         self, listeners: Iterable[Listener], sockets: Mapping[tuple[str, int], socket.socket]
@@ -847,6 +994,8 @@ class LeanServer:
             else:
                 self.acceptors.append(loop.create_task(self._accept(sock, listener, context)))
         self._sweeper = loop.create_task(self._sweep())
+        for key in self.pool.warm:  # the peer routers: connections opened ahead
+            self.pool.refill(key)
 
     async def _accept(
         self, sock: socket.socket, listener: Listener, context: ssl.SSLContext
@@ -958,7 +1107,16 @@ class LeanServer:
         status, error = 0, None
         keep = request.keep_alive
         try:
-            decision = wrong_scheme(self.config, frontend, conn.tls) or route(
+            refused = wrong_scheme(self.config, frontend, conn.tls)
+            if conn.listener.peer and refused is None:
+                # The peer link: another router's hop, for the frontend it names.
+                named = request.headers.get(FRONTEND_HEADER, "")
+                addressed = self.frontends.get(named.lower())
+                if addressed is None:
+                    refused = Reject(400, self._unknown_frontend(named))
+                else:
+                    frontend = addressed
+            decision: Forward | Reject | Combined = refused or route(
                 self.config, reverse_facts(frontend, request.method, target, request.headers), state
             )
             edits: Mapping[str, str] = {}
@@ -1045,6 +1203,15 @@ class LeanServer:
         await conn.drain()
         return status, state.message if status >= 400 else None, keep
 
+    def _unknown_frontend(self, named: str) -> str:
+        cloud = self.config.cloud
+        if not named:
+            return (
+                f"the peer link of {cloud} carries other routers' hops: the request must name "
+                f"one of {cloud}'s frontends in {header_title(FRONTEND_HEADER)}"
+            )
+        return f"{named[:200]!r} is not a frontend of {cloud} ({', '.join(sorted(self.frontends))})"
+
     async def forward(
         self,
         conn: ClientConnection,
@@ -1080,7 +1247,8 @@ class LeanServer:
                             conn, request, state, decision, "connect timeout", connected=False
                         )
                     except (OSError, ssl.SSLError) as exc:
-                        return self._failed(conn, request, state, decision, str(exc), False)
+                        reason = describe_error(exc)
+                        return self._failed(conn, request, state, decision, reason, False)
                 exchange.upstream = upstream
                 conn.relay = upstream
                 upstream.reset(skip_body=request.method == "HEAD")
@@ -1136,6 +1304,7 @@ class LeanServer:
         replaced = {name.encode("latin-1") for name in decision.set_headers}
         replaced |= {name.encode("latin-1") for name in edits}
         replaced.add(REQUEST_ID_HEADER.encode())
+        replaced.add(_FRONTEND_FIELD)  # a peer link's, for this router only
         drop = HOP_BY_HOP | replaced | _connection_tokens(request.headers)
         lines = [f"{request.method} {path} HTTP/1.1\r\n".encode("latin-1")]
         lines += [b"%s: %s\r\n" % f for f in request.fields if f[0].lower() not in drop]
@@ -1256,9 +1425,9 @@ class LeanServer:
         upstream.until_close = not (length is not None or chunked or no_body or body is not None)
         if not keep:
             out.append((b"Connection", b"close"))
-        conn.write(render(status, reason.decode("latin-1"), out, body or b""))
+        answer = render(status, reason.decode("latin-1"), out, body or b"")
         if body is None and not no_body:
-            upstream.start_relay(conn)
+            upstream.start_relay(conn, answer)
             try:
                 while not upstream.complete and upstream.error is None:
                     await upstream.wait()
@@ -1271,6 +1440,8 @@ class LeanServer:
                 return self._broken(conn, state, upstream, status)
             if upstream.framing == "chunked":
                 conn.write(b"0\r\n\r\n")
+        else:
+            conn.write(answer)
         if upstream.keep_alive and upstream.complete and upstream.open:
             self.pool.give_back(upstream)
         elif upstream.transport is not None:

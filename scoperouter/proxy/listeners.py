@@ -6,7 +6,10 @@
   anywhere (and mitmproxy refuses to connect to its own listeners). TLS on the client side is
   detected by mitmproxy (a ClientHello) and served with the frontend's certificate; the addon
   refuses plain HTTP on an https frontend and the other way round.
-* one ``regular`` (forward proxy) listener when the cloud has ``proxy.listen``.
+* one ``regular`` (forward proxy) listener when the cloud has ``proxy.listen``;
+* the peer link (``clouds.<name>.peer``), where the other routers send their hops: always
+  served by the lean server (:mod:`scoperouter.proxy.lean`), whatever ``settings.data_path``
+  says; its spec (``peer@<listen>``) is never given to mitmproxy.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ class Listener:
     spec: str  # mitmproxy mode spec; also how the addon recognises the listener of a flow
     host: str
     port: int
-    frontend: Frontend | None = None  # reverse mode; None: the forward proxy
+    frontend: Frontend | None = None  # reverse mode and the peer link; None: the forward proxy
+    peer: bool = False  # the peer link (the other routers' hops; `frontend` is its address)
 
     @property
     def address(self) -> str:
@@ -54,6 +58,11 @@ def listeners_for(catalog: Catalog, cloud: str) -> tuple[Listener, ...]:
     if spec.proxy_listen is not None:
         host, port = spec.proxy_listen
         found.append(Listener(f"regular@{_hostport(host, port)}", host, port))
+    if spec.peer is not None:
+        link = spec.peer
+        listen = _hostport(link.listen_host, link.listen_port)
+        spec_text = f"peer:{link.url.base}@{listen}"
+        found.append(Listener(spec_text, link.listen_host, link.listen_port, link, peer=True))
     return tuple(found)
 
 
@@ -83,7 +92,7 @@ def write_cert_bundles(listeners: tuple[Listener, ...], directory: Path) -> list
     chosen: dict[str, tuple[str, str]] = {}
     for index, item in enumerate(listeners):
         frontend = item.frontend
-        if frontend is None or frontend.cert is None or frontend.key is None:
+        if frontend is None or frontend.cert is None or frontend.key is None or item.peer:
             continue
         previous = chosen.setdefault(frontend.url.host, (frontend.cert, frontend.key))
         if previous != (frontend.cert, frontend.key):

@@ -124,11 +124,13 @@ def bind_listeners(
 
 
 def listen_addresses(catalog: Catalog, cloud: str) -> list[tuple[str, int]]:
-    """Where the router of `cloud` listens: its frontends, then its forward proxy."""
+    """Where the router of `cloud` listens: its frontends, its forward proxy, its peer link."""
     spec = catalog.clouds[cloud]
     found = [(f.listen_host, f.listen_port) for f in spec.frontends]
     if spec.proxy_listen is not None:
         found.append(spec.proxy_listen)
+    if spec.peer is not None:
+        found.append((spec.peer.listen_host, spec.peer.listen_port))
     return list(dict.fromkeys(found))
 
 

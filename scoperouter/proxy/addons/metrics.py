@@ -27,25 +27,32 @@ class Metrics:
         self.config = config
         self._requests: dict[tuple[str, str, str, int], Any] = {}
         self._durations: dict[tuple[str, str], Any] = {}
+        self._linked: dict[str, list[str]] = {}  # peer link -> the services behind it
         config.subscribe(self._upstreams)
         health.on_change(self._health)
 
     def _upstreams(self, catalog: Catalog) -> None:
-        """Every upstream of the new config starts as up (those marked down say so later)."""
+        """Every upstream of the new config starts as up (those marked down say so later). A
+        peer router with a peer link is one upstream (the link) for all its services."""
         cloud = self.config.cloud
+        self._linked = {}
         for other in catalog.clouds.values():
             for ep in other.endpoints:
                 if other.name == cloud:
                     labels = (cloud, "backend", ep.service_type, ep.backend.base)
+                elif other.peer is not None:
+                    labels = (other.name, "peer", ep.service_type, other.peer.url.base)
+                    self._linked.setdefault(other.peer.url.base, []).append(ep.service_type)
                 else:
                     labels = (other.name, "peer", ep.service_type, ep.url.base)
                 metrics.UPSTREAM_UP.labels(*labels).set(1)
 
-    @staticmethod
-    def _health(upstream: Upstream, up: bool) -> None:
-        metrics.UPSTREAM_UP.labels(
-            upstream.cloud, upstream.kind, upstream.service, upstream.address
-        ).set(1 if up else 0)
+    def _health(self, upstream: Upstream, up: bool) -> None:
+        services = self._linked.get(upstream.address, [upstream.service])
+        for service in services:
+            metrics.UPSTREAM_UP.labels(
+                upstream.cloud, upstream.kind, service, upstream.address
+            ).set(1 if up else 0)
 
     def client_connected(self, client: Client) -> None:
         self.opened()

@@ -1,0 +1,339 @@
+"""Router-to-router links: TLS with verified certificates, and the lean path's pool of
+connections to each peer router (opened ahead, reused across client connections, dropped
+before the peer's idle timeout, one retry when the peer closed a pooled connection).
+
+    CloudOne router  127.0.0.40  image frontend :P; peer link https://127.0.0.40:L
+    CloudTwo router  127.0.0.41  image frontend :P; peer link https://127.0.0.41:R, which
+                     its router binds on another port: a counting relay sits at R and
+                     passes bytes to it, so the test sees every TCP connection (and so every
+                     TLS handshake) CloudOne's router opens to CloudTwo's, and who closes it
+    Skeptic router   127.0.0.42  a CloudOne router whose config trusts another CA
+    backends         127.0.1.40 (CloudOne), 127.0.1.41 (CloudTwo): echo servers
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from .backends import EchoBackend, blob_chunks, blob_sha256
+from .certs import federation_ca, issue
+from .routers import (
+    Router,
+    cloud_entry,
+    download,
+    free_port,
+    request,
+    start_all,
+    stop_all,
+    write_config,
+)
+from .test_streaming import assert_flat, peak_rss
+
+pytestmark = pytest.mark.integration
+
+ONE, TWO, SKEPTIC = "127.0.0.40", "127.0.0.41", "127.0.0.42"
+IDLE_TIMEOUT = 4.0  # limits.idle_timeout: the pool drops a peer connection after 2 s idle
+SCOPE = {"X-Auth-Token": 'tok!SCOPE!{"image": "CloudTwo"}'}
+SIZE = 128 * 1024 * 1024
+
+
+@dataclass
+class Conn:
+    opened: float
+    last: float  # the last bytes it carried
+    closed_at: float | None = None
+
+
+@dataclass
+class Relay:
+    """A TCP relay that counts connections: listen -> target, bytes passed as they are.
+    `break_next()`: the next data a connection opened before the call sends is dropped and
+    that connection closed (a peer that closed a pooled connection as a request crossed)."""
+
+    host: str
+    target: tuple[str, int]
+    port: int = 0
+    conns: list[Conn] = field(default_factory=list)
+    broken: int = 0
+    _break_before: float = 0.0
+    _sock: socket.socket | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> Relay:
+        sock = socket.create_server((self.host, 0))
+        self.port = sock.getsockname()[1]
+        self._sock = sock
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+
+    def break_next(self) -> None:
+        with self._lock:
+            self._break_before = time.monotonic()
+
+    def _accept(self) -> None:
+        assert self._sock is not None
+        while True:
+            try:
+                client, _ = self._sock.accept()
+            except OSError:
+                return
+            now = time.monotonic()
+            conn = Conn(now, now)
+            self.conns.append(conn)
+            try:
+                server = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            done = threading.Event()
+            for src, dst, side in ((client, server, "client"), (server, client, "server")):
+                threading.Thread(
+                    target=self._pipe, args=(src, dst, side, conn, done), daemon=True
+                ).start()
+
+    def _pipe(
+        self, src: socket.socket, dst: socket.socket, side: str, conn: Conn, done: threading.Event
+    ) -> None:
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                data = b""
+            if data and side == "client":
+                with self._lock:
+                    doomed = conn.opened < self._break_before
+                    if doomed:
+                        self._break_before = 0.0
+                        self.broken += 1
+                if doomed:
+                    data = b""
+            if not data:
+                if conn.closed_at is None:
+                    conn.closed_at = time.monotonic()
+                for sock in (src, dst):
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+                    sock.close()
+                done.set()
+                return
+            conn.last = time.monotonic()
+            try:
+                dst.sendall(data)
+            except OSError:
+                continue
+
+
+@dataclass
+class Links:
+    one: str  # CloudOne's image frontend
+    skeptic: str  # the same through the router that trusts another CA
+    two_peer: str  # CloudTwo's peer link, the router's own port (not the relay)
+    routers: dict[str, Router]
+    relay: Relay
+    data_path: str
+    ca: Path  # the federation's CA
+
+    def scoped_get(self, rest: str = "/v2/images") -> Any:
+        return request("GET", self.one + rest, headers=SCOPE)
+
+
+@pytest.fixture(scope="module")
+def links(tmp_path_factory: pytest.TempPathFactory, data_path: str) -> Iterator[Links]:
+    tmp = tmp_path_factory.mktemp("peer-links")
+    ca, certs = federation_ca(tmp, {"one": ONE, "two": TWO, "skeptic": SKEPTIC})
+    _, _, other_ca = issue(tmp, TWO, name="other")
+    backends = {
+        "CloudOne": EchoBackend("127.0.1.40", name="CloudOne-image").start(),
+        "CloudTwo": EchoBackend("127.0.1.41", name="CloudTwo-image").start(),
+    }
+    ports = {host: (free_port(host), free_port(host)) for host in (ONE, TWO, SKEPTIC)}
+    two_bind = ports[TWO][1]
+    relay = Relay(TWO, (TWO, two_bind)).start()
+
+    def cloud(host: str, name: str, backend: str, peer_port: int, bind: int) -> dict[str, Any]:
+        entry = cloud_entry(host, {"image": (ports[host][0], "", backend)})
+        cert = certs[name]
+        entry["peer"] = {
+            "url": f"https://{host}:{peer_port}",
+            "listen": f"{host}:{bind}",
+            "tls": {"cert": str(cert), "key": str(cert.with_suffix(".key"))},
+        }
+        return entry
+
+    two = cloud(TWO, "two", backends["CloudTwo"].url, relay.port, two_bind)
+    settings: dict[str, Any] = {
+        "limits": {"idle_timeout": IDLE_TIMEOUT},
+        "breaker": {"failures": 1000},
+        "connect_timeout": 2.0,
+        "response_timeout": 5.0,
+    }
+    trusting = write_config(
+        tmp / "trusting.yaml",
+        {
+            "CloudOne": cloud(ONE, "one", backends["CloudOne"].url, *[ports[ONE][1]] * 2),
+            "CloudTwo": two,
+        },
+        peers={"ca": str(ca), "warm": 2},
+        **settings,
+    )
+    doubting = write_config(
+        tmp / "doubting.yaml",
+        {
+            "CloudOne": cloud(
+                SKEPTIC, "skeptic", backends["CloudOne"].url, *[ports[SKEPTIC][1]] * 2
+            ),
+            # Straight to CloudTwo's router, not through the relay (which counts CloudOne's).
+            "CloudTwo": cloud(TWO, "two", backends["CloudTwo"].url, two_bind, two_bind),
+        },
+        peers={"ca": str(other_ca)},
+        **settings,
+    )
+    routers = {
+        "one": Router("CloudOne", trusting, tmp / "one.log", [(ONE, ports[ONE][0])]),
+        "two": Router("CloudTwo", trusting, tmp / "two.log", [(TWO, ports[TWO][0])]),
+        "skeptic": Router(
+            "CloudOne", doubting, tmp / "skeptic.log", [(SKEPTIC, ports[SKEPTIC][0])]
+        ),
+    }
+    start_all(routers.values())
+    try:
+        yield Links(
+            f"http://{ONE}:{ports[ONE][0]}",
+            f"http://{SKEPTIC}:{ports[SKEPTIC][0]}",
+            f"https://{TWO}:{two_bind}",
+            routers,
+            relay,
+            data_path,
+            ca,
+        )
+    finally:
+        codes = stop_all(routers.values())
+        relay.stop()
+        for backend in backends.values():
+            backend.stop()
+    assert set(codes.values()) == {0}, {k: r.log_text()[-2000:] for k, r in routers.items()}
+
+
+def lean_only(links: Links) -> None:
+    if links.data_path != "lean":
+        pytest.skip("the pool of peer connections is the lean data path's")
+
+
+def test_a_remote_call_crosses_the_tls_peer_link(links: Links) -> None:
+    reply = links.scoped_get()
+    assert reply.status == 200, reply.body[:300]
+    seen = reply.json()
+    assert seen["backend"] == "CloudTwo-image"
+    assert seen["headers"]["x-scope-hops"] == "2"
+    assert "x-scope-frontend" not in seen["headers"]  # the link's header stops at the router
+    rid = reply.headers["x-scope-request-id"]
+    sent = links.routers["one"].wait_for_access(request_id=rid)[0]
+    assert sent["target"].startswith(f"https://{TWO}:{links.relay.port}/"), sent
+    links.routers["two"].wait_for_access(request_id=rid, status=200)
+
+
+def test_the_peer_link_refuses_plain_http_and_unnamed_frontends(links: Links) -> None:
+    plain = request("GET", links.two_peer.replace("https://", "http://") + "/v2/images")
+    assert plain.status == 400
+    assert "speaks HTTPS only" in plain.error_message()
+    context = ssl.create_default_context(cafile=str(links.ca))
+    unnamed = request("GET", links.two_peer + "/v2/images", context=context)
+    assert unnamed.status == 400
+    assert "X-Scope-Frontend" in unnamed.error_message()
+
+
+def test_a_wrong_ca_fails_with_a_clear_error(links: Links) -> None:
+    reply = request("GET", links.skeptic + "/v2/images", headers=SCOPE)
+    assert reply.status == 502, reply.body[:300]
+    message = reply.error_message()
+    assert "CloudTwo" in message
+    assert "certificate verif" in message.lower(), message
+
+
+def test_connections_to_the_peer_are_opened_ahead_and_reused(links: Links) -> None:
+    lean_only(links)
+    relay = links.relay
+    deadline = time.monotonic() + 10
+    while len(relay.conns) < 2 and time.monotonic() < deadline:  # the warm set, at start
+        time.sleep(0.05)
+    assert len(relay.conns) >= 2
+    before = len(relay.conns)
+    for _ in range(20):  # 20 client connections, one request each
+        assert links.scoped_get().status == 200
+    # Requests one after the other: the warm connections carry them all; at most the one a
+    # refill opens while a request holds one.
+    opened = len(relay.conns) - before
+    assert opened <= 1, f"{opened} new TCP+TLS connections to the peer for 20 requests"
+
+
+def test_pooled_peer_connections_close_before_the_peers_idle_timeout(links: Links) -> None:
+    lean_only(links)
+    relay = links.relay
+    assert links.scoped_get().status == 200
+    start = len(relay.conns)
+    time.sleep(IDLE_TIMEOUT + 1.5)
+    # Every connection that was idle is gone, closed by CloudOne's router after the pool's
+    # idle time (2 s here, checked every 0.5 s), before the peer's own idle timeout (4 s):
+    # never by the peer. (Who sent the first FIN says nothing with TLS: the side that gets a
+    # close_notify answers it and closes at once.)
+    old = relay.conns[:start]
+    assert all(c.closed_at is not None for c in old), "a pooled connection outlived its idle time"
+    idle = [c.closed_at - c.last for c in old if c.closed_at is not None]
+    assert max(idle) < IDLE_TIMEOUT - 0.8, idle
+    assert len(relay.conns) > start
+    assert links.scoped_get().status == 200
+
+
+def test_a_pooled_connection_the_peer_closed_is_retried_once(links: Links) -> None:
+    lean_only(links)
+    relay = links.relay
+    assert links.scoped_get().status == 200
+    broken = relay.broken
+    relay.break_next()
+    reply = links.scoped_get()
+    assert relay.broken == broken + 1
+    assert reply.status == 200, reply.body[:300]
+    # A request with a body is not retried: the peer may have got it.
+    assert links.scoped_get().status == 200
+    relay.break_next()
+    post = request("POST", links.one + "/v2/images", headers=SCOPE, body=b"{}")
+    assert post.status == 502, post.body[:300]
+    assert "CloudTwo" in post.error_message()
+
+
+def test_large_bodies_stream_over_the_tls_link_with_flat_memory(links: Links) -> None:
+    pids = [links.routers["one"].pid, links.routers["two"].pid]
+    procs = [psutil.Process(pid) for pid in pids]
+    pids += [child.pid for proc in procs for child in proc.children()]  # the workers
+    before = {pid: psutil.Process(pid).memory_info().rss for pid in pids}
+    headers = {**SCOPE, "Content-Length": str(SIZE)}
+    with peak_rss(pids) as peaks:
+        reply = request(
+            "PUT",
+            links.one + "/v2/images/big/file",
+            headers=headers,
+            body=blob_chunks(SIZE),
+            timeout=180,
+        )
+        assert reply.status == 200, reply.body[:300]
+        assert reply.json()["body_length"] == SIZE
+        assert reply.json()["body_sha256"] == blob_sha256(SIZE)
+        status, length, sha = download(links.one + f"/v2/images/big/blob/{SIZE}", SCOPE, 180)
+        assert (status, length) == (200, SIZE)
+        assert sha == blob_sha256(SIZE)
+    assert_flat(peaks, before)
