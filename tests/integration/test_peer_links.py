@@ -265,6 +265,18 @@ def test_a_wrong_ca_fails_with_a_clear_error(links: Links) -> None:
     assert "certificate verif" in message.lower(), message
 
 
+def test_combined_scopes_reach_the_peer_over_its_verified_link(links: Links) -> None:
+    """A & B / A | B parts are sent by the worker's combiner on the pool of the worker's lean
+    server (which serves the peer link on either data path): a peer's part goes to its TLS
+    link, verified with the federation's CA (a failure would fail it over to CloudOne)."""
+    scope = {"X-Auth-Token": 'tok!SCOPE!{"image": "CloudTwo | CloudOne"}'}
+    reply = request("GET", links.one + "/v2/images", headers=scope)
+    assert reply.status == 200, reply.body[:300]
+    assert reply.json()["backend"] == "CloudTwo-image"
+    line = links.routers["one"].wait_for_access(request_id=reply.headers["x-scope-request-id"])
+    assert line[0]["decision"] == "failover" and line[0]["tried"] == "CloudTwo: 200", line
+
+
 def test_connections_to_the_peer_are_opened_ahead_and_reused(links: Links) -> None:
     lean_only(links)
     relay = links.relay
