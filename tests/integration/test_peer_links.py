@@ -306,7 +306,7 @@ def test_pooled_peer_connections_close_before_the_peers_idle_timeout(links: Link
     old = relay.conns[:start]
     assert all(c.closed_at is not None for c in old), "a pooled connection outlived its idle time"
     idle = [c.closed_at - c.last for c in old if c.closed_at is not None]
-    assert max(idle) < IDLE_TIMEOUT - 0.8, idle
+    assert max(idle) < IDLE_TIMEOUT - 0.2, idle  # the peer closes at 4-4.5 s
     assert len(relay.conns) > start
     assert links.scoped_get().status == 200
 
