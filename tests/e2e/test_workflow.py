@@ -149,7 +149,8 @@ def test_cli_server_in_cloudone_from_an_image_of_cloudtwo(lab, fed):
     finally:
         _cli(lab, one.slug, "server", "delete", "--wait", server["id"], scope=scope,
              json_out=False)  # fmt: skip
-    assert server["id"] not in {s["ID"] for s in _cli(lab, one.slug, "server", "list")}
+    # `--wait` returns on status DELETED, a moment before nova drops the server from its list
+    _wait_gone(lab, one.slug, None, server["id"])
 
 
 def test_sdk_server_in_cloudone_from_an_image_of_cloudtwo(lab, fed):
