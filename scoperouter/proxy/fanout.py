@@ -25,8 +25,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-
-import httpx
+from typing import TYPE_CHECKING
 
 from scoperouter.errors import error_body
 from scoperouter.failover import (
@@ -41,6 +40,9 @@ from scoperouter.failover import (
 )
 from scoperouter.merge import CloudAnswer, CloudFailure, merge_list
 from scoperouter.routing import Failover, FanOut, Forward
+
+if TYPE_CHECKING:
+    import httpx
 
 # Not forwarded: hop-by-hop headers (RFC 9110 7.6.1), and those the sender sets itself.
 _DROPPED = frozenset(
@@ -219,7 +221,9 @@ def httpx_sender(client: httpx.AsyncClient, max_body: int = MAX_BODY) -> Send:
     """A send function on an ``httpx.AsyncClient`` (its pool, its TLS settings), for callers
     outside a router (tests, tools); the router sends on its own pool (proxy/combined.py).
     Connection failures before the request was written are ``NOT_SENT``; a read timeout is
-    ``TIMEOUT``; a broken answer ``BROKEN``."""
+    ``TIMEOUT``; a broken answer ``BROKEN``. httpx is imported here, not with the module: a
+    router imports this module and is installed without httpx (not one of its requirements)."""
+    import httpx
 
     async def send(forward: Forward, url: str, request: Request) -> Reply:
         try:
@@ -250,6 +254,8 @@ def httpx_sender(client: httpx.AsyncClient, max_body: int = MAX_BODY) -> Send:
 
 
 def _connect_reason(exc: httpx.HTTPError) -> str:
+    import httpx
+
     if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
         return "it did not accept a connection in time"
     return "it refused the connection"
