@@ -265,18 +265,6 @@ def test_a_wrong_ca_fails_with_a_clear_error(links: Links) -> None:
     assert "certificate verif" in message.lower(), message
 
 
-def test_combined_scopes_reach_the_peer_over_its_verified_link(links: Links) -> None:
-    """A & B / A | B parts are sent by the worker's combiner on the pool of the worker's lean
-    server (which serves the peer link on either data path): a peer's part goes to its TLS
-    link, verified with the federation's CA (a failure would fail it over to CloudOne)."""
-    scope = {"X-Auth-Token": 'tok!SCOPE!{"image": "CloudTwo | CloudOne"}'}
-    reply = request("GET", links.one + "/v2/images", headers=scope)
-    assert reply.status == 200, reply.body[:300]
-    assert reply.json()["backend"] == "CloudTwo-image"
-    line = links.routers["one"].wait_for_access(request_id=reply.headers["x-scope-request-id"])
-    assert line[0]["decision"] == "failover" and line[0]["tried"] == "CloudTwo: 200", line
-
-
 def test_connections_to_the_peer_are_opened_ahead_and_reused(links: Links) -> None:
     lean_only(links)
     relay = links.relay
@@ -285,12 +273,18 @@ def test_connections_to_the_peer_are_opened_ahead_and_reused(links: Links) -> No
         time.sleep(0.05)
     assert len(relay.conns) >= 2
     before = len(relay.conns)
+    started = time.monotonic()
     for _ in range(20):  # 20 client connections, one request each
         assert links.scoped_get().status == 200
     # Requests one after the other: the warm connections carry them all; at most the one a
-    # refill opens while a request holds one.
+    # refill opens while a request holds one, and one for each warm connection the pool
+    # dropped meanwhile for its idle time (IDLE_TIMEOUT: 2 s of a slow run can do that).
     opened = len(relay.conns) - before
-    assert opened <= 1, f"{opened} new TCP+TLS connections to the peer for 20 requests"
+    dropped = sum(
+        1 for c in relay.conns[:before] if c.closed_at is not None and c.closed_at >= started
+    )
+    assert opened <= 1 + dropped, f"{opened} new TCP+TLS connections to the peer for 20 requests"
+    assert opened <= 3, f"{opened} new TCP+TLS connections to the peer for 20 requests"
 
 
 def test_pooled_peer_connections_close_before_the_peers_idle_timeout(links: Links) -> None:
@@ -349,3 +343,15 @@ def test_large_bodies_stream_over_the_tls_link_with_flat_memory(links: Links) ->
         assert (status, length) == (200, SIZE)
         assert sha == blob_sha256(SIZE)
     assert_flat(peaks, before)
+
+
+def test_combined_scopes_reach_the_peer_over_its_verified_link(links: Links) -> None:
+    """A & B / A | B parts are sent by the worker's combiner on the pool of the worker's lean
+    server (which serves the peer link on either data path): a peer's part goes to its TLS
+    link, verified with the federation's CA (a failure would fail it over to CloudOne)."""
+    scope = {"X-Auth-Token": 'tok!SCOPE!{"image": "CloudTwo | CloudOne"}'}
+    reply = request("GET", links.one + "/v2/images", headers=scope)
+    assert reply.status == 200, reply.body[:300]
+    assert reply.json()["backend"] == "CloudTwo-image"
+    line = links.routers["one"].wait_for_access(request_id=reply.headers["x-scope-request-id"])
+    assert line[0]["decision"] == "failover" and line[0]["tried"] == "CloudTwo: 200", line
