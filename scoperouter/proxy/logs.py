@@ -71,7 +71,7 @@ class JsonFormatter(logging.Formatter):
         if second != self._second:
             stamp = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
             self._second, self._prefix = second, stamp
-        return self._prefix + _MILLIS[int((created - second) * 1000)]
+        return self._prefix + _MILLIS[min(int((created - second) * 1000), 999)]
 
     def format(self, record: logging.LogRecord) -> str:
         fields: dict[str, Any] | None = record.__dict__.get(FIELDS)

@@ -112,3 +112,16 @@ def test_json_lines_are_what_the_encoder_makes_of_the_entry(
     assert line == formatter._format_entry(rec, fields)
     assert formatter.format(rec) == line  # the cached parts give the same line again
     assert "\n" not in line
+
+
+def test_timestamps_keep_three_digits_of_milliseconds_at_a_seconds_edge() -> None:
+    formatter = JsonFormatter()
+    for created in (
+        1_700_000_000.0,
+        1_700_000_000.0005,
+        1_700_000_000.9999999,
+        1_700_000_001 - 1e-7,
+    ):
+        stamp = formatter._timestamp(created)
+        assert len(stamp) == len("2023-11-14T22:13:20.000Z") and stamp.endswith("Z"), stamp
+    assert formatter._timestamp(1_700_000_000.25).endswith(":20.250Z")
