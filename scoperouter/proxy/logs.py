@@ -27,7 +27,6 @@ _ENCODER = json.JSONEncoder(
 )
 # A JSON string, quoted and escaped, as _ENCODER writes it (non-ASCII kept): json's C function.
 quote: Callable[[str], str] = encode_basestring
-_quote = quote
 _isfinite = math.isfinite
 _MILLIS = tuple(f".{n:03d}Z" for n in range(1000))  # a timestamp's end, by its milliseconds
 
@@ -36,7 +35,7 @@ def _json_value(value: Any) -> str:
     """`value` as _ENCODER would write it; strings and integers (most fields) without it."""
     kind = type(value)
     if kind is str:
-        return _quote(value)
+        return quote(value)
     if kind is int:
         return int.__repr__(value)
     if kind is float and _isfinite(value):
@@ -79,12 +78,12 @@ class JsonFormatter(logging.Formatter):
             return self._format_entry(record, fields)
         level, logger = record.levelname, record.name
         head = self._heads.get((level, logger)) or self._head(level, logger)
-        parts = ['{"ts":"', self._timestamp(record.created), head, _quote(record.getMessage())]
+        parts = ['{"ts":"', self._timestamp(record.created), head, quote(record.getMessage())]
         if fields:
             keys, add = self._keys, parts.append
             for name, value in fields.items():
                 add(keys.get(name) or self._key(name))
-                add(_quote(value) if type(value) is str else _json_value(value))
+                add(quote(value) if type(value) is str else _json_value(value))
         parts.append("}")
         return "".join(parts)
 
@@ -98,7 +97,7 @@ class JsonFormatter(logging.Formatter):
         return head
 
     def _key(self, name: str) -> str:
-        key = "," + _quote(name) + ":"
+        key = "," + quote(name) + ":"
         if len(self._keys) < 1024:
             self._keys[name] = key
         return key
@@ -201,7 +200,8 @@ class Direct:
     def __init__(self, handler: BatchingHandler, formatter: JsonFormatter) -> None:
         self.handler, self.formatter = handler, formatter
         self.root_handlers = logging.getLogger().handlers  # the list itself: kept up to date
-        self.plain: dict[str, bool] = {}  # logger name -> no handler or filter on its way up
+        # logger name -> no handler or filter on its way up (checked once per logger)
+        self.plain: dict[str, bool] = {}
 
     def start(self, logger: str, created: float) -> str:
         """An INFO line's text up to its message: ``{"ts":...,"msg":``."""
