@@ -41,7 +41,7 @@ import time
 from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
-from scoperouter.errors import Reject, error_body
+from scoperouter.errors import Reject
 from scoperouter.failover import IDEMPOTENT, Failure
 from scoperouter.proxy import fanout
 from scoperouter.proxy.addons.config import RouterConfig
@@ -137,7 +137,7 @@ class Combiner:
             )
         except Exception:
             logger.exception("combining clouds failed for %s %s", state.method, state.path)
-            reply = _json_reply(Reject(500, INTERNAL_ERROR))
+            reply = fanout.error_reply(500, INTERNAL_ERROR)
         state.tried = "; ".join(text for _, text in sorted(run.tried)) or None
         state.answered = run.answered
         if reply.status >= 400 and not any(reply is r for r in run.replies):
@@ -228,7 +228,7 @@ class _Run:
             if isinstance(swapped, Reject):
                 self.kinds[key] = "local"
                 self.statuses[key] = swapped.status
-                return _json_reply(swapped)
+                return fanout.error_reply(swapped.status, swapped.message)
             edits = swapped
         head = self._head(request, path, host, port, edits)
         reply = await self._exchange(forward, scheme, host, port, head, request)
@@ -401,16 +401,14 @@ def _tokens(connection: str | None) -> frozenset[str]:
 
 
 def _unreachable(exc: BaseException) -> str:
+    from scoperouter.proxy.lean import describe_error  # lean imports this module
+
     text = str(exc)
     if isinstance(exc, ConnectionRefusedError) or "Connect call failed" in text:
         return "it refused the connection"
-    if isinstance(exc, ssl.SSLError):
-        return f"the TLS handshake failed ({exc})"
+    if isinstance(exc, ssl.SSLError):  # worded as for a single-cloud request
+        return describe_error(exc)
     return f"it is unreachable ({text})"
-
-
-def _json_reply(reject: Reject) -> fanout.Reply:
-    return fanout.Reply(reject.status, {"content-type": "application/json"}, reject.body())
 
 
 def _message(reply: fanout.Reply) -> str | None:
@@ -419,11 +417,6 @@ def _message(reply: fanout.Reply) -> str | None:
     except (ValueError, KeyError, TypeError):
         return None
     return message if isinstance(message, str) else None
-
-
-def error_reply(status: int, message: str) -> fanout.Reply:
-    """The router's own answer to a combined request (both data paths)."""
-    return fanout.Reply(status, {"content-type": "application/json"}, error_body(status, message))
 
 
 def bodiless(method: str, status: int) -> bool:

@@ -184,11 +184,11 @@ class _Runner:
             if not moves_on(method, failure):
                 break
         if outcome is None:
-            return _error(503, all_down_message(skipped))
+            return error_reply(503, all_down_message(skipped))
         if isinstance(outcome, Reply):
             return outcome  # the answer, or the last cloud's own error answer
         status = 504 if outcome.failure is Failure.TIMEOUT else 502
-        return _error(status, exhausted_message(decision.service_type, failures))
+        return error_reply(status, exhausted_message(decision.service_type, failures))
 
     async def _attempt(self, forward: Forward, query: str | None) -> Reply | SendError:
         url = forward.url if query is None else forward.url.partition("?")[0] + query
@@ -213,7 +213,9 @@ def _lower(headers: Mapping[str, str]) -> dict[str, str]:
     return {k.lower(): v for k, v in headers.items()}
 
 
-def _error(status: int, message: str) -> Reply:
+def error_reply(status: int, message: str) -> Reply:
+    """An answer the router makes itself: OpenStack error JSON (the executor's and the
+    engines' own refusals of a combined request)."""
     return Reply(status, {"content-type": "application/json"}, error_body(status, message))
 
 

@@ -55,7 +55,7 @@ import httptools
 
 from scoperouter.catalog import Catalog, Frontend, Settings
 from scoperouter.errors import Reject, error_body, status_title
-from scoperouter.proxy import heads
+from scoperouter.proxy import fanout, heads
 from scoperouter.proxy.addons.accesslog import AccessLog
 from scoperouter.proxy.addons.config import RouterConfig
 from scoperouter.proxy.addons.errors import CLIENT_GONE_STATUS, upstream_failure
@@ -71,7 +71,7 @@ from scoperouter.proxy.addons.routing import (
     split_url,
     wrong_scheme,
 )
-from scoperouter.proxy.combined import BODY_TOO_LARGE, Combiner, bodiless, error_reply
+from scoperouter.proxy.combined import BODY_TOO_LARGE, Combiner, bodiless
 from scoperouter.proxy.flowstate import REQUEST_ID_HEADER, FlowState, new_state
 from scoperouter.proxy.listeners import Listener
 from scoperouter.routing import FRONTEND_HEADER, Combined, Failover, FanOut, Forward, header_title
@@ -1165,7 +1165,7 @@ class LeanServer:
                 body += chunk
                 if len(body) > WHOLE_MAX:
                     message = BODY_TOO_LARGE
-                    reply = error_reply(413, message)
+                    reply = fanout.error_reply(413, message)
                     break
             else:
                 reply = await self.combiner.answer(
@@ -1178,7 +1178,7 @@ class LeanServer:
                 )
         except _ClientBodyError as exc:
             message = str(exc)
-            reply = error_reply(400, message)
+            reply = fanout.error_reply(400, message)
         if message is not None:
             state.status, state.message = reply.status, message
         keep = request.keep_alive and not conn.draining and request.body.done

@@ -355,3 +355,19 @@ def test_combined_scopes_reach_the_peer_over_its_verified_link(links: Links) -> 
     assert reply.json()["backend"] == "CloudTwo-image"
     line = links.routers["one"].wait_for_access(request_id=reply.headers["x-scope-request-id"])
     assert line[0]["decision"] == "failover" and line[0]["tried"] == "CloudTwo: 200", line
+
+
+def test_a_combined_part_names_a_failed_certificate_check_as_a_single_request_does(
+    links: Links,
+) -> None:
+    """The router that trusts another CA: CloudTwo's part fails its certificate check, said
+    in the same words as for a single-cloud request, and the failover moves on to CloudOne."""
+    scope = {"X-Auth-Token": 'tok!SCOPE!{"image": "CloudTwo | CloudOne"}'}
+    reply = request("GET", links.skeptic + "/v2/images", headers=scope)
+    assert reply.status == 200, reply.body[:300]
+    assert reply.json()["backend"] == "CloudOne-image"
+    rid = reply.headers["x-scope-request-id"]
+    [line] = links.routers["skeptic"].wait_for_access(request_id=rid)
+    first, second = line["tried"].split("; ")
+    assert first.startswith("CloudTwo: TLS certificate verification failed"), line
+    assert second == "CloudOne: 200", line
