@@ -303,6 +303,7 @@ class _Run:
                 if status:
                     break
                 if reused and attempt == 1 and not upstream.received and method in IDEMPOTENT:
+                    upstream.discard()
                     continue  # a pooled connection its peer had closed: once more, anew
                 raise fanout.SendError(
                     Failure.BROKEN, f"the connection broke before its answer ({upstream.error})"

@@ -557,6 +557,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.waiter: asyncio.Future[None] | None = None
         self._write_ready: asyncio.Future[None] | None = None
         self._read_paused = False
+        self.lender: Pool | None = None  # the pool that lent it to an exchange, until returned
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -565,6 +566,8 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.open = False
+        if self.lender is not None:
+            self.lender.returned(self)
         if not self.complete and self.status >= 200 and self.until_close:
             self.complete = True  # a body delimited by the end of the connection
             self.keep_alive = False
@@ -609,6 +612,11 @@ class UpstreamConnection(asyncio.Protocol):
             self.fail(f"invalid answer: {exc}")
         except httptools.HttpParserError as exc:
             self.fail(f"invalid answer: {exc}")
+
+    def discard(self) -> None:
+        """Close it (gracefully) unless it is closing already: not to be reused."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
 
     def fail(self, error: str) -> None:
         if self.error is None:
@@ -715,29 +723,52 @@ class Warm:
     scheme: str
     host: str
     port: int
-    count: int  # idle connections wanted
+    count: int  # connections opened ahead at least (settings.peers.warm)
     timeout: float  # connect timeout
-    opening: int = 0  # connects under way
+    opening: int = 0  # connects ahead under way
+    connecting: int = 0  # connects under way for requests that found none idle
     retry_at: float = 0.0  # after a failed connect: not before (time.monotonic())
     backoff: float = 0.0  # seconds to the next try while connects fail (doubling), else 0
+    target: int = 0  # connections wanted in all (lent, idle, opening): `count`, grown by load
+
+    def missed(self, lent: int) -> None:
+        """A request found no idle connection (`lent` in use, its own included): keep twice
+        as many from now on, so a burst up to that size again finds them open."""
+        if self.count:
+            self.target = max(self.target, 2 * lent)
+
+    def expired(self, unused: int) -> None:
+        """`unused` idle connections reached their idle time: the load no longer needs them."""
+        self.target = max(self.count, self.target - unused)
 
 
 class Pool:
     """Upstream connections of this process, per destination (``scheme://host:port``): idle
     keep-alive connections are reused (at most :data:`POOL_IDLE_MAX` per destination, closed
     after :data:`POOL_IDLE_SECONDS` idle, or after the idle time of a peer router's link).
+    A backend's are taken most recently used first (the pool shrinks to what the load needs).
 
     Peer routers (the other clouds' routers, on their peer links) are *warm* destinations: the
-    pool opens ``settings.peers.warm`` connections to each at start, and opens another in the
-    background whenever fewer are idle (after a request took one, after one expired or the
-    peer closed it), so a request finds the TCP and TLS handshakes across the WAN done. A
-    failed connect is tried again after :data:`WARM_RETRY_SECONDS`, doubling up to
-    :data:`WARM_RETRY_MAX` while it fails (logged once, and once when it works again). Their
-    idle time is ``Peers.idle_seconds``: shorter than the peer's own idle timeout, so the pool
-    never sends on a connection the peer is closing."""
+    pool opens ``settings.peers.warm`` connections to each at start and keeps that many open
+    (another is opened in the background when the peer closed one), so a request finds the TCP
+    and TLS handshakes across the WAN done. When a request finds none idle, the target doubles
+    to twice the connections then in use (:meth:`Warm.missed`), opened in the background; it
+    shrinks by those that reach their idle time unused (:meth:`Warm.expired`). Why a target in
+    all and not a number kept idle: each worker process has its own pool, and the kernel
+    spreads a burst of client connections over the workers unevenly (``SO_REUSEPORT``: each
+    worker gets a random share), so a worker must be ready for more than its usual share, but
+    topping up a number of idle ones in the middle of every burst above the usual share would
+    open WAN connections for nothing, as long as the largest share kept growing. Warm
+    connections are taken least recently used first, so all of them carry traffic and none
+    expires (to be opened again) while the load lasts. A failed connect is tried again after
+    :data:`WARM_RETRY_SECONDS`, doubling up to :data:`WARM_RETRY_MAX` while it fails (logged
+    once, and once when it works again). Their idle time is ``Peers.idle_seconds``: shorter
+    than the peer's own idle timeout, so the pool never sends on a connection the peer is
+    closing."""
 
     def __init__(self) -> None:
-        self.idle: dict[str, list[UpstreamConnection]] = {}
+        self.idle: dict[str, collections.deque[UpstreamConnection]] = {}
+        self.lent: dict[str, int] = {}  # connections carrying an exchange, per destination
         self.ssl: ssl.SSLContext | None = None
         self.peer_ssl: ssl.SSLContext | None = None
         self.warm: dict[str, Warm] = {}
@@ -759,28 +790,46 @@ class Pool:
             if kept is None:
                 kept = Warm(scheme, host, port, settings.peers.warm, settings.peer_connect_timeout)
             kept.count, kept.timeout = settings.peers.warm, settings.peer_connect_timeout
+            kept.target = max(kept.target, kept.count) if kept.count else 0
             warm[key] = kept
         self.warm = warm
         self.idle_seconds = {key: idle for key in warm}
 
     def take(self, key: str) -> UpstreamConnection | None:
+        """An idle connection to `key`, lent to the caller (who gives it back or closes it);
+        None when there is none (then :meth:`connect`)."""
         idle = self.idle.get(key)
+        warm = self.warm.get(key)
         found = None
         if idle:
             limit = self.idle_seconds.get(key, POOL_IDLE_SECONDS)
             now = time.monotonic()
             while idle:
-                conn = idle.pop()
+                conn = idle.popleft() if warm is not None else idle.pop()
                 if conn.open and now - conn.idle_since <= limit:
                     found = conn
                     break
+                if conn.open and warm is not None:
+                    warm.expired(1)
                 if conn.transport is not None:
                     conn.transport.close()
-        if key in self.warm:
+        if found is not None:
+            self._lend(found)
+        if warm is not None:
             self.refill(key)
         return found
 
-    async def connect(
+    def _lend(self, conn: UpstreamConnection) -> None:
+        conn.lender = self
+        self.lent[conn.key] = self.lent.get(conn.key, 0) + 1
+
+    def returned(self, conn: UpstreamConnection) -> None:
+        """`conn`'s exchange is over (given back, or its connection is gone)."""
+        if conn.lender is self:
+            conn.lender = None
+            self.lent[conn.key] -= 1
+
+    async def _open(
         self, key: str, scheme: str, host: str, port: int, timeout: float
     ) -> UpstreamConnection:
         loop = asyncio.get_running_loop()
@@ -799,12 +848,33 @@ class Pool:
         )
         return conn
 
+    async def connect(
+        self, key: str, scheme: str, host: str, port: int, timeout: float
+    ) -> UpstreamConnection:
+        """A new connection to `key`, lent to the caller as :meth:`take`'s (none was idle)."""
+        warm = self.warm.get(key)
+        if warm is None:
+            conn = await self._open(key, scheme, host, port, timeout)
+        else:
+            warm.connecting += 1
+            warm.missed(self.lent.get(key, 0) + warm.connecting)
+            self.refill(key)
+            try:
+                conn = await self._open(key, scheme, host, port, timeout)
+            finally:
+                warm.connecting -= 1
+        self._lend(conn)
+        return conn
+
     def refill(self, key: str) -> None:
-        """Open connections to a warm destination until `count` are idle or opening."""
+        """Open connections to a warm destination until its target is lent, idle or opening
+        (at most :data:`POOL_IDLE_MAX` idle)."""
         warm = self.warm.get(key)
         if warm is None or self._closed or time.monotonic() < warm.retry_at:
             return
-        for _ in range(warm.count - self.idle_count(key) - warm.opening):
+        idle = self.idle_count(key)
+        missing = warm.target - self.lent.get(key, 0) - warm.connecting - idle - warm.opening
+        for _ in range(min(missing, POOL_IDLE_MAX - idle - warm.opening)):
             warm.opening += 1
             task = asyncio.get_running_loop().create_task(self._open_ahead(key, warm))
             self._tasks.add(task)
@@ -812,7 +882,7 @@ class Pool:
 
     async def _open_ahead(self, key: str, warm: Warm) -> None:
         try:
-            conn = await self.connect(key, warm.scheme, warm.host, warm.port, warm.timeout)
+            conn = await self._open(key, warm.scheme, warm.host, warm.port, warm.timeout)
         except (OSError, ssl.SSLError, TimeoutError) as exc:
             if not warm.backoff:  # said once, not at every try
                 logger.warning(
@@ -838,9 +908,10 @@ class Pool:
         self.give_back(conn)
 
     def give_back(self, conn: UpstreamConnection) -> None:
+        self.returned(conn)
         if not conn.open:
             return
-        idle = self.idle.setdefault(conn.key, [])
+        idle = self.idle.setdefault(conn.key, collections.deque())
         if len(idle) >= POOL_IDLE_MAX or self._closed:
             if conn.transport is not None:
                 conn.transport.close()
@@ -851,7 +922,11 @@ class Pool:
     def sweep(self, now: float) -> None:
         for key, idle in self.idle.items():
             limit = self.idle_seconds.get(key, POOL_IDLE_SECONDS)
-            for conn in [c for c in idle if now - c.idle_since > limit or not c.open]:
+            gone = [c for c in idle if now - c.idle_since > limit or not c.open]
+            warm = self.warm.get(key)
+            if warm is not None:
+                warm.expired(sum(1 for c in gone if c.open))  # not those the peer closed
+            for conn in gone:
                 idle.remove(conn)
                 if conn.transport is not None:
                     conn.transport.close()
@@ -1272,6 +1347,7 @@ class LeanServer:
                     return self._failed(
                         conn, request, state, decision, upstream.error or "no answer", True
                     )
+                upstream.discard()
             assert upstream is not None
             exchange.response_at = None
             self.health.succeeded(decision)
@@ -1290,6 +1366,8 @@ class LeanServer:
         finally:
             conn.relay = None
             self.exchanges.discard(exchange)
+            if upstream is not None and upstream.lender is not None:
+                upstream.discard()  # the exchange failed: the connection is not reused
 
     def _request_head(
         self,
