@@ -581,15 +581,17 @@ class Wan:
             url = f"http://{ROUTER_A}:{PORTS['router']}/v2/images"
             for c in levels:
                 label = f"routers, {'TLS' if tls else 'plain'} between"
-                if self.args.warmup:
-                    # Steady state: the routers' pools grow to what c clients need first.
+                warmup = self.args.warmup if self.args.warmup is not None else max(60, 10 * c)
+                if warmup:
+                    # Steady state: the routers' pools grow to what c clients need first (each
+                    # worker's pool to the largest share of a burst the kernel gives it).
                     warm = self.point(
                         f"{label} (warm-up)",
                         url,
                         c,
                         new=True,
                         headers=scoped(),
-                        requests=self.args.warmup,
+                        requests=warmup,
                     )
                     self.notes.append(
                         f"{label}, {c} clients: warm-up of {warm.requests} requests before the "
@@ -708,8 +710,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--warmup",
         type=int,
-        default=60,
-        help="requests sent through the routers before each of their points, not measured (60)",
+        default=None,
+        help="requests sent through the routers before each of their points, not measured "
+        "(10 rounds of the point's clients, at least 60)",
     )
     parser.add_argument("--data-path", help="settings.data_path of the routers, if known")
     parser.add_argument("--json", type=Path, help="also write every figure here")
