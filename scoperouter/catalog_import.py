@@ -12,6 +12,14 @@ loader accepts. The rule is one:
 * the router gets one frontend per distinct advertised ``scheme://host:port``, sorted by port;
 * two endpoints of one service type and interface in one region are ambiguous: refused.
 
+Peer links (the router-to-router hops, TLS verified with the federation's CA) are added when
+asked: :class:`PeerLinks` (``import-catalog --peer-port``) gives every cloud one, at
+``https://<router host>:<port>`` with the certificate and key files each router's host has
+(a path pattern; ``{cloud}`` and ``{slug}`` name the cloud), and ``settings.peers.ca``; a
+cloud's own ``peer`` block (its address, a listen address, its files) wins over the pattern.
+Without either, the config has no peer link and the routers reach each other on their
+frontends, as before peer links existed.
+
 Pure: no I/O. The result is checked with :func:`scoperouter.config.build_catalog` by the CLI.
 """
 
@@ -23,6 +31,12 @@ from typing import Any
 
 from scoperouter.catalog import parse_url
 from scoperouter.errors import ConfigError
+
+# Where the deployment tooling puts a router's peer-link files (the Ansible role's
+# scoperouter_etc_dir): the defaults of `import-catalog --peer-*`.
+PEER_CERT = "/etc/scoperouter/peer.crt"
+PEER_KEY = "/etc/scoperouter/peer.key"
+PEER_CA = "/etc/scoperouter/federation-ca.crt"
 
 # `openstack endpoint list -f json` columns -> the keys the import reads
 _OSC_COLUMNS = {
@@ -49,6 +63,21 @@ class CloudEndpoints:
     metrics_listen: str | None = None
     credentials: Mapping[str, str] = field(default_factory=dict)  # other cloud -> clouds.yaml
     service_types: Collection[str] | None = None  # None: every type of the endpoint list
+    peer: Mapping[str, Any] | None = None  # its peer block, or what it gives of it (url, ...)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerLinks:
+    """A peer link for every cloud of an import: `port` on each router's host (unless the
+    cloud's own peer block gives its url), TLS with the files `cert` and `key` (patterns:
+    ``{cloud}`` is the cloud's name, ``{slug}`` the name in lower case; paths as the router's
+    host has them) and the federation's CA `ca` (``settings.peers.ca``; None: as the settings
+    say)."""
+
+    port: int | None = None
+    cert: str = PEER_CERT
+    key: str = PEER_KEY
+    ca: str | None = PEER_CA
 
 
 def endpoint_row(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -66,9 +95,12 @@ def router_url(url: str, host: str, ports: Mapping[int, int]) -> str:
 
 
 def import_catalog(
-    clouds: Sequence[CloudEndpoints], settings: Mapping[str, Any] | None = None
+    clouds: Sequence[CloudEndpoints],
+    settings: Mapping[str, Any] | None = None,
+    peers: PeerLinks | None = None,
 ) -> dict[str, Any]:
-    """The federation config (a dict in the format of config/federation.yaml)."""
+    """The federation config (a dict in the format of config/federation.yaml); with peer
+    links for every cloud when `peers` is given, and for the clouds that give a `peer`."""
     out: dict[str, Any] = {}
     for cloud in clouds:
         where = f"clouds.{cloud.name}"
@@ -116,6 +148,70 @@ def import_catalog(
     if settings:
         config["settings"] = dict(settings)
     config["clouds"] = out
+    given = {cloud.name: cloud.peer for cloud in clouds if cloud.peer is not None}
+    return add_peer_links(config, peers, given)
+
+
+def _shown(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def add_peer_links(
+    config: dict[str, Any],
+    links: PeerLinks | None,
+    given: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """`config` with a peer link for every cloud when `links` is given, else for the clouds
+    `given` names (cloud -> what its peer block gives: url, listen, tls); the CA of `links` in
+    ``settings.peers.ca``. A link's default url is ``https://<the host of the cloud's first
+    frontend>:<links.port>`` (the router's host)."""
+    given = given or {}
+    added = False
+    for name, cloud in config["clouds"].items():
+        spec = given.get(name)
+        if spec is None and links is None:
+            continue
+        spec = spec or {}
+        pattern = links or PeerLinks()
+        where = f"clouds.{name}.peer"
+        url = spec.get("url")
+        if url is None:
+            if pattern.port is None:
+                raise ConfigError(
+                    f"{where}.url",
+                    "no address for the peer link: give its url, or a port on the router's "
+                    "host for every cloud (import-catalog --peer-port)",
+                )
+            host = parse_url(cloud["frontends"][0]["url"]).host
+            url = f"https://{_shown(host)}:{pattern.port}"
+        if not isinstance(url, str):
+            raise ConfigError(f"{where}.url", "expected https://host:port")
+        block: dict[str, Any] = {"url": url}
+        if spec.get("listen"):
+            block["listen"] = spec["listen"]
+        tls = spec.get("tls")
+        if tls is None and url.startswith("https:"):
+            slug = name.lower()
+            fill = {"{cloud}": name, "{slug}": slug}
+            cert, key = pattern.cert, pattern.key
+            for mark, value in fill.items():
+                cert, key = cert.replace(mark, value), key.replace(mark, value)
+            tls = {"cert": cert, "key": key}
+        if tls is not None:
+            block["tls"] = dict(tls)
+        # the peer block right after the frontends, as in config/federation.yaml
+        keys = [k for k in cloud if k != "peer"]
+        at = keys.index("frontends") + 1 if "frontends" in keys else len(keys)
+        items = [(k, cloud[k]) for k in keys]
+        cloud.clear()
+        cloud.update([*items[:at], ("peer", block), *items[at:]])
+        added = True
+    if added and links is not None and links.ca is not None:
+        settings = config.setdefault("settings", {})
+        config["settings"] = settings = dict(settings)
+        settings["peers"] = {**(settings.get("peers") or {}), "ca": links.ca}
+        # settings before clouds, as in config/federation.yaml
+        config["clouds"] = config.pop("clouds")
     return config
 
 
@@ -123,10 +219,11 @@ def import_request(data: Any) -> tuple[list[CloudEndpoints], dict[str, Any] | No
     """Read the input of `scoperouter import-catalog` (parsed YAML/JSON); errors name the key.
 
     ``{"settings": {...}, "clouds": {NAME: {"region", "router": {"host", "ports"}, "proxy":
-    {"listen"}, "metrics": {"listen"}, "credentials", "service_types", "endpoints": [...],
-    "services": [...]}}}``: endpoint rows as `openstack endpoint list -f json` prints them, or
-    as the identity API's ``/v3/endpoints`` lists them (``service_id``, ``region_id``) with
-    ``services`` (its ``/v3/services``) to name their types.
+    {"listen"}, "metrics": {"listen"}, "credentials", "service_types", "peer": {"url",
+    "listen", "tls": {"cert", "key"}}, "endpoints": [...], "services": [...]}}}``: endpoint
+    rows as `openstack endpoint list -f json` prints them, or as the identity API's
+    ``/v3/endpoints`` lists them (``service_id``, ``region_id``) with ``services`` (its
+    ``/v3/services``) to name their types.
     """
     if not isinstance(data, Mapping) or not isinstance(data.get("clouds"), Mapping):
         raise ConfigError("clouds", "expected a mapping of cloud names")
@@ -138,7 +235,7 @@ def import_request(data: Any) -> tuple[list[CloudEndpoints], dict[str, Any] | No
         raise ConfigError("settings", "expected a mapping")
     clouds = []
     keys = {"region", "router", "proxy", "metrics", "credentials", "service_types", "endpoints"}
-    keys.add("services")
+    keys |= {"services", "peer"}
     for name, spec in data["clouds"].items():
         where = f"clouds.{name}"
         if not isinstance(spec, Mapping):
@@ -162,6 +259,9 @@ def import_request(data: Any) -> tuple[list[CloudEndpoints], dict[str, Any] | No
         except (TypeError, ValueError, AttributeError):
             raise ConfigError(f"{where}.router.ports", "expected port: port") from None
         types = spec.get("service_types")
+        peer = spec.get("peer")
+        if peer is not None:
+            peer = _peer_request(peer, f"{where}.peer")
         clouds.append(
             CloudEndpoints(
                 name=str(name),
@@ -173,9 +273,31 @@ def import_request(data: Any) -> tuple[list[CloudEndpoints], dict[str, Any] | No
                 metrics_listen=(spec.get("metrics") or {}).get("listen"),
                 credentials=dict(spec.get("credentials") or {}),
                 service_types=None if types is None else list(types),
+                peer=peer,
             )
         )
     return clouds, None if settings is None else dict(settings)
+
+
+def _peer_request(data: Any, where: str) -> dict[str, Any]:
+    """A cloud's ``peer`` in the input: what it gives of its peer block (url, listen, tls);
+    the config's loader checks the values."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(where, "expected a mapping (url, listen, tls)")
+    extra = set(data) - {"url", "listen", "tls"}
+    if extra:
+        raise ConfigError(f"{where}.{sorted(extra)[0]}", "unknown key (expected url, listen, tls)")
+    for key in ("url", "listen"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise ConfigError(f"{where}.{key}", "expected a string")
+    tls = data.get("tls")
+    if tls is not None and (
+        not isinstance(tls, Mapping)
+        or set(tls) != {"cert", "key"}
+        or not all(isinstance(v, str) and v for v in tls.values())
+    ):
+        raise ConfigError(f"{where}.tls", "expected {cert: PATH, key: PATH}")
+    return {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in data.items() if v}
 
 
 def _with_type(row: Mapping[str, Any], types_by_id: Mapping[Any, Any]) -> Mapping[str, Any]:

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from scoperouter import __version__
 from scoperouter.catalog import DEFAULT_PORTS, Catalog
+from scoperouter.catalog_import import PEER_CA, PEER_CERT, PEER_KEY
 from scoperouter.config import load_catalog
 from scoperouter.errors import ConfigError, Reject
 from scoperouter.pki import CA_DAYS, RENEW_DAYS, VALID_DAYS
@@ -181,6 +182,32 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument(
         "-o", "--output", metavar="FILE", help="write the config there (default: stdout)"
     )
+    links = imp.add_argument_group(
+        "peer links",
+        'TLS between the routers (README: "Peer links"). Any of these gives every cloud a '
+        "peer link (a cloud's own peer: in FILE wins); without them, none (the routers reach "
+        "each other on their frontends).",
+    )
+    links.add_argument(
+        "--peer-port",
+        type=_port,
+        metavar="PORT",
+        help="each cloud's link at https://<its router.host>:PORT (e.g. 9443)",
+    )
+    links.add_argument(
+        "--peer-cert",
+        metavar="PATH",
+        help="each router's certificate, where its host has it; {cloud} and {slug} (the name "
+        f"in lower case) are replaced (default: {PEER_CERT})",
+    )
+    links.add_argument(
+        "--peer-key", metavar="PATH", help=f"its key, the same way (default: {PEER_KEY})"
+    )
+    links.add_argument(
+        "--peer-ca",
+        metavar="PATH",
+        help=f"the federation's CA, settings.peers.ca (default: {PEER_CA})",
+    )
     imp.set_defaults(func=cmd_import_catalog)
 
     pki = sub.add_parser(
@@ -331,8 +358,7 @@ example:
 def cmd_import_catalog(args: argparse.Namespace) -> int:
     import yaml
 
-    from scoperouter.catalog_import import import_catalog, import_request
-    from scoperouter.config import build_catalog
+    from scoperouter.catalog_import import PeerLinks, import_catalog, import_request
 
     source = "<stdin>" if args.input == "-" else args.input
     try:
@@ -345,13 +371,30 @@ def cmd_import_catalog(args: argparse.Namespace) -> int:
     except (OSError, yaml.YAMLError) as exc:
         print(f"scoperouter: cannot read {source}: {exc}", file=sys.stderr)
         return 1
+    peers = None
+    options = (args.peer_port, args.peer_cert, args.peer_key, args.peer_ca)
+    if any(option is not None for option in options):
+        peers = PeerLinks(
+            port=args.peer_port,
+            cert=args.peer_cert or PEER_CERT,
+            key=args.peer_key or PEER_KEY,
+            ca=args.peer_ca or PEER_CA,
+        )
+    base = Path(args.output).resolve().parent if args.output else Path.cwd()
     try:
         clouds, settings = import_request(data)
-        config = import_catalog(clouds, settings)
-        build_catalog(config, source=f"config imported from {source}")
+        config = import_catalog(clouds, settings, peers)
+        missing = _check_imported(config, f"config imported from {source}", base)
     except ConfigError as exc:
         print(f"scoperouter: {source}: {exc}", file=sys.stderr)
         return 1
+    if missing:
+        print(
+            "scoperouter: note: the peer links' files are not there yet (each router's host "
+            "needs its own before check-config and serve; `scoperouter pki` makes them): "
+            + ", ".join(missing),
+            file=sys.stderr,
+        )
     text = yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
     if args.output:
         with open(args.output, "w") as fh:
@@ -359,6 +402,38 @@ def cmd_import_catalog(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _check_imported(config: dict[str, Any], source: str, base: Path) -> list[str]:
+    """Validate an imported config as check-config would where the routers run; the peer
+    links' files (each router's, on its own host; the CA) need not be here yet: those missing
+    are checked as if they were (empty stand-ins) and returned."""
+    import copy
+    import tempfile
+
+    from scoperouter.config import build_catalog
+
+    config = copy.deepcopy(config)
+    named: list[tuple[dict[str, Any], str]] = []
+    for cloud in (config.get("clouds") or {}).values():
+        tls = (cloud.get("peer") or {}).get("tls") if isinstance(cloud, dict) else None
+        if isinstance(tls, dict):
+            named += [(tls, "cert"), (tls, "key")]
+    peers = (config.get("settings") or {}).get("peers")
+    if isinstance(peers, dict) and peers.get("ca"):
+        named.append((peers, "ca"))
+    missing: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="scoperouter-import-") as tmp:
+        for number, (holder, key) in enumerate(named):
+            value = holder[key]
+            if isinstance(value, str) and value and not (base / value).is_file():
+                if value not in missing:
+                    missing.append(value)
+                stand_in = Path(tmp) / str(number)
+                stand_in.touch()
+                holder[key] = str(stand_in)
+        build_catalog(config, source=source, base_dir=base)
+    return missing
 
 
 PKI_DESCRIPTION = """\
@@ -546,6 +621,12 @@ def _cores() -> int:
         return len(os.sched_getaffinity(0)) or 1
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"not a port: {text!r}")
+    return int(text)
 
 
 def _positive_int(text: str) -> int:

@@ -9,14 +9,18 @@ are made once and kept while they are valid for long enough (a lab re-run change
 no key is ever printed or logged.
 
 The certificates are made by scoperouter's own PKI code (:mod:`scoperouter.pki`, also behind
-``scoperouter pki`` and the Ansible roles): the lab only says where.
+``scoperouter pki`` and the Ansible roles) and the peer blocks by its catalog import
+(:func:`scoperouter.catalog_import.add_peer_links`, behind ``import-catalog --peer-port``): the
+lab only says where.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+from scoperouter.catalog_import import PeerLinks, add_peer_links
 from scoperouter.pki import issue, make_ca
 
 __all__ = ["issue", "make_ca", "peer_links"]
@@ -27,18 +31,18 @@ def peer_links(config: dict[str, Any], directory: Path) -> dict[str, Any]:
     lab's CA in ``settings.peers.ca`` and, for every cloud, a peer link on its router's
     address at :data:`~scoperouter_lab.layout.PEER_PORT` with a certificate for that address
     (made here, or kept from a previous run)."""
-    from urllib.parse import urlsplit
-
     from scoperouter_lab.layout import PEER_PORT
 
     ca = make_ca(directory, "ca")
+    links = PeerLinks(
+        port=PEER_PORT,
+        cert=str(directory / "{slug}-peer.crt"),
+        key=str(directory / "{slug}-peer.key"),
+        ca=str(ca[0]),
+    )
+    config = add_peer_links(config, links)
     for name, cloud in config["clouds"].items():
-        host = urlsplit(cloud["frontends"][0]["url"]).hostname
+        host = urlsplit(cloud["peer"]["url"]).hostname
         assert host is not None
-        cert, key = issue(ca, directory, f"{name.lower()}-peer", [host])
-        cloud["peer"] = {
-            "url": f"https://{host}:{PEER_PORT}",
-            "tls": {"cert": str(cert), "key": str(key)},
-        }
-    config.setdefault("settings", {})["peers"] = {"ca": str(ca[0])}
+        issue(ca, directory, f"{name.lower()}-peer", [host])
     return config

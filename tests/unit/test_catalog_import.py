@@ -11,7 +11,11 @@ import pytest
 import yaml
 
 from scoperouter.catalog_import import (
+    PEER_CA,
+    PEER_CERT,
+    PEER_KEY,
     CloudEndpoints,
+    PeerLinks,
     import_catalog,
     import_request,
     router_url,
@@ -220,3 +224,156 @@ def test_cli_refuses_what_the_router_would_refuse(tmp_path: Path, capsys):
     assert "in.yaml" in err and "CloudTwo" in err
     assert main(["import-catalog", str(tmp_path / "missing.yaml")]) == 1
     assert "cannot read" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------- peer links
+
+
+def test_without_peer_options_there_is_no_peer_link():
+    config = import_catalog(_clouds(), {"hop_limit": 4})
+    assert all("peer" not in cloud for cloud in config["clouds"].values())
+    assert config["settings"] == {"hop_limit": 4}
+
+
+def test_peer_links_for_every_cloud_on_the_router_host():
+    links = PeerLinks(port=9443)
+    config = import_catalog(_clouds(), {"peers": {"warm": 3}}, links)
+    one, two = config["clouds"]["CloudOne"], config["clouds"]["CloudTwo"]
+    assert one["peer"] == {
+        "url": "https://10.0.1.6:9443",
+        "tls": {"cert": PEER_CERT, "key": PEER_KEY},
+    }
+    assert two["peer"]["url"] == "https://10.0.2.5:9443"
+    # right after the frontends, as in config/federation.yaml; the CA in settings.peers
+    assert list(one)[:3] == ["region", "frontends", "peer"]
+    assert config["settings"] == {"peers": {"warm": 3, "ca": PEER_CA}}
+    assert list(config) == ["version", "settings", "clouds"]
+
+
+def test_peer_link_patterns_and_a_cloud_of_its_own():
+    clouds = _clouds()
+    clouds[1] = dataclasses.replace(
+        clouds[1],
+        peer={"url": "https://router.two.example.org:443", "listen": "0.0.0.0:9443"},
+    )
+    links = PeerLinks(port=9443, cert="/pki/{slug}.crt", key="/pki/{cloud}.key", ca="/pki/ca")
+    config = import_catalog(clouds, None, links)
+    assert config["clouds"]["CloudOne"]["peer"]["tls"] == {
+        "cert": "/pki/cloudone.crt",
+        "key": "/pki/CloudOne.key",
+    }
+    assert config["clouds"]["CloudTwo"]["peer"] == {
+        "url": "https://router.two.example.org:443",
+        "listen": "0.0.0.0:9443",
+        "tls": {"cert": "/pki/cloudtwo.crt", "key": "/pki/CloudTwo.key"},
+    }
+    assert config["settings"] == {"peers": {"ca": "/pki/ca"}}
+
+
+def test_an_ipv6_router_host_is_bracketed():
+    cloud = CloudEndpoints(
+        name="CloudOne",
+        region="CloudOne",
+        endpoints=[{**ONE_ROWS[2], "url": "http://[fd00::5]:9292"}],
+        router_host="fd00::6",
+    )
+    config = import_catalog([cloud], None, PeerLinks(port=9443))
+    assert config["clouds"]["CloudOne"]["peer"]["url"] == "https://[fd00::6]:9443"
+
+
+def test_peer_links_from_the_request_only():
+    """playbooks/federation.yml gives each cloud's block (its files on its own host) and the
+    CA in the settings; no option."""
+    data = {
+        "settings": {"peers": {"ca": "/etc/a/federation-ca.crt"}},
+        "clouds": {
+            "CloudTwo": {
+                "router": {"host": "10.0.2.6"},
+                "peer": {
+                    "url": "https://10.0.2.6:9443",
+                    "tls": {"cert": "/etc/b/peer.crt", "key": "/etc/b/peer.key"},
+                },
+                "endpoints": TWO_ROWS,
+            }
+        },
+    }
+    clouds, settings = import_request(data)
+    config = import_catalog(clouds, settings)
+    assert config["clouds"]["CloudTwo"]["peer"] == data["clouds"]["CloudTwo"]["peer"]
+    assert config["settings"] == {"peers": {"ca": "/etc/a/federation-ca.crt"}}
+
+
+@pytest.mark.parametrize(
+    ("peer", "where"),
+    [
+        ("https://x:1", "clouds.A.peer"),
+        ({"url": "https://x:1", "port": 1}, "clouds.A.peer.port"),
+        ({"url": 9443}, "clouds.A.peer.url"),
+        ({"url": "https://x:1", "tls": {"cert": "c"}}, "clouds.A.peer.tls"),
+    ],
+)
+def test_bad_peer_requests_name_the_key(peer, where):
+    data = {"clouds": {"A": {"router": {"host": "h"}, "endpoints": [], "peer": peer}}}
+    with pytest.raises(ConfigError) as err:
+        import_request(data)
+    assert err.value.location == where
+
+
+def test_a_peer_link_needs_an_address():
+    clouds = [dataclasses.replace(_clouds()[1], peer={})]
+    with pytest.raises(ConfigError, match="--peer-port") as err:
+        import_catalog(clouds)
+    assert err.value.location == "clouds.CloudTwo.peer.url"
+
+
+def _request(tmp_path: Path) -> Path:
+    request = tmp_path / "in.yaml"
+    clouds = {
+        "CloudOne": {"router": {"host": "10.0.1.6"}, "endpoints": ONE_ROWS[:3]},
+        "CloudTwo": {"router": {"host": "10.0.2.6"}, "endpoints": TWO_ROWS},
+    }
+    request.write_text(yaml.safe_dump({"clouds": clouds}))
+    return request
+
+
+def test_cli_peer_links_pass_check_config_once_the_files_are_made(tmp_path: Path, capsys):
+    """The import names the files each router's host will have; it says which are not there
+    yet, and check-config accepts the config once `scoperouter pki` has made them."""
+    pki = tmp_path / "pki"
+    out = tmp_path / "federation.yaml"
+    argv = ["import-catalog", str(_request(tmp_path)), "-o", str(out), "--peer-port", "9443",
+            "--peer-cert", f"{pki}/{{slug}}.crt", "--peer-key", f"{pki}/{{slug}}.key",
+            "--peer-ca", f"{pki}/ca.crt"]  # fmt: skip
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "not there yet" in err and f"{pki}/cloudone.key" in err
+    config = yaml.safe_load(out.read_text())
+    assert config["clouds"]["CloudTwo"]["peer"] == {
+        "url": "https://10.0.2.6:9443",
+        "tls": {"cert": f"{pki}/cloudtwo.crt", "key": f"{pki}/cloudtwo.key"},
+    }
+    assert main(["check-config", str(out)]) == 1
+    ca = ["--ca-cert", f"{pki}/ca.crt", "--ca-key", f"{pki}/ca.key"]
+    assert main(["pki", "ca", "--cert", ca[1], "--key", ca[3]]) == 0
+    for slug, host in (("cloudone", "10.0.1.6"), ("cloudtwo", "10.0.2.6")):
+        files = ["--cert", f"{pki}/{slug}.crt", "--key", f"{pki}/{slug}.key"]
+        assert main(["pki", "issue", *ca, *files, host]) == 0
+    capsys.readouterr()
+    assert main(["check-config", str(out), "--cloud", "CloudOne"]) == 0
+    summary = capsys.readouterr().out
+    assert f"peer links, TLS verified against {pki}/ca.crt" in summary
+    assert "peer link https://10.0.1.6:9443" in summary
+    # the files there now: no note
+    assert main(argv) == 0
+    assert "not there yet" not in capsys.readouterr().err
+
+
+def test_cli_refuses_peer_links_for_some_clouds_only(tmp_path: Path, capsys):
+    request = _request(tmp_path)
+    data = yaml.safe_load(request.read_text())
+    data["clouds"]["CloudTwo"]["peer"] = {"url": "https://10.0.2.6:9443"}
+    request.write_text(yaml.safe_dump(data))
+    assert main(["import-catalog", str(request)]) == 1
+    assert "CloudOne's router in plain HTTP" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["import-catalog", str(request), "--peer-port", "70000"])
