@@ -279,10 +279,12 @@ def test_connections_to_the_peer_are_opened_ahead_and_reused(links: Links) -> No
         assert links.scoped_get().status == 200
     # Requests one after the other: the warm connections carry them all; a new one only for
     # each warm connection the pool dropped meanwhile for its idle time (IDLE_TIMEOUT: 2 s of
-    # a slow run can do that).
+    # a slow run can do that), and the one a request opens itself if it comes while those
+    # are being opened again.
     opened = len(relay.conns) - before
-    assert opened <= _dropped(relay, before, started), f"{opened} new connections, 20 requests"
-    assert opened <= 2, f"{opened} new TCP+TLS connections to the peer for 20 requests"
+    dropped = _dropped(relay, before, started)
+    assert opened <= dropped + (dropped > 0), f"{opened} new connections for 20 requests"
+    assert opened <= 3, f"{opened} new TCP+TLS connections to the peer for 20 requests"
 
 
 def _dropped(relay: Relay, before: int, since: float) -> int:
