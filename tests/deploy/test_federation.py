@@ -10,14 +10,20 @@ is not systemd here) and must:
   at its router and give the clouds' services `HTTP_PROXY` through systemd-style drop-ins (the
   lab's services are not systemd units: the lab reads the same drop-ins, `<lab>/systemd/
   <process>.service.d/*.conf`, and `scoperouter lab restart` applies them);
+* give every router a TLS peer link by default: a federation CA made once on the controller
+  (this machine, beside the inventory), a certificate for each router's address signed by it
+  (its key mode 0600, the router's user's, never in Ansible's output), `settings.peers.ca`;
 * then the scope e2e checks pass against the federation it built (tests/e2e/test_workflow.py:
   an image of CloudTwo listed and a server booted from it through CloudOne's router, compute in
-  CloudTwo for a CloudOne user), pointed at it with SCOPEROUTER_E2E_CLOUDS_YAML;
-* a second run and a `--check --diff` run change nothing; the drop-ins pass
-  `systemd-analyze verify`;
+  CloudTwo for a CloudOne user), pointed at it with SCOPEROUTER_E2E_CLOUDS_YAML, and every hop
+  from one router to the other during them went to the other's https peer link (the routers'
+  access lines, as tests/e2e/test_peer_tls.py reads the lab's), which presents a certificate
+  that a client trusting only the controller's CA accepts for that address;
+* a second run and a `--check --diff` run change nothing (no certificate made again, no router
+  restarted); the drop-ins pass `systemd-analyze verify`;
 * `-e state=absent` puts every endpoint back exactly as it was (compared with the list read
-  before), removes the drop-ins (the services run without HTTP_PROXY again), stops the routers
-  and deletes the router user.
+  before), removes the drop-ins (the services run without HTTP_PROXY again), stops the routers,
+  deletes the router user and removes the peer links' files (the routers' and the controller's).
 
 Run with `SCOPEROUTER_FEDERATION_LAB=1 pytest -m deploy tests/deploy/test_federation.py`
 (without the variable it skips: the lab it needs is not the routed one of the e2e suite);
@@ -30,9 +36,13 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
+import socket
+import ssl
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +72,7 @@ E2E_SELECTION = (
 )
 E2E_COUNT = 6
 ROUTER_USER = "scoperouter-router"
+PEER_PORT = 9443  # the role's default peer link port (scoperouter_federation_peer_port)
 
 
 def _unavailable(reason: str) -> None:
@@ -134,6 +145,14 @@ class Federation:
     def pid(self, cloud: Any) -> str:
         return (self.base / f"run-{cloud.slug}" / f"scoperouter-{cloud.slug}.pid").read_text()
 
+    @property
+    def pki(self) -> Path:
+        """The controller's PKI directory (the role's default: beside the inventory)."""
+        return self.base / "scoperouter-pki"
+
+    def peer_url(self, cloud: Any) -> str:
+        return f"https://{cloud.front_ip}:{PEER_PORT}"
+
     def router_log(self, cloud: Any) -> Path:
         return self.base / f"log-{cloud.slug}" / f"scoperouter-{cloud.slug}.log"
 
@@ -164,6 +183,15 @@ def _router_venv(base: Path) -> Path:
     subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True, timeout=300)
     subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(REPO)], check=True, timeout=900)
     return venv
+
+
+def _access_lines(log: Path) -> list[dict[str, Any]]:
+    """A router's access log lines (one JSON object per request)."""
+    return [
+        json.loads(line)
+        for line in log.read_text(errors="replace").splitlines()
+        if line.startswith("{") and '"scoperouter.access"' in line
+    ]
 
 
 def _router_account(cloud: Any) -> str:
@@ -288,6 +316,26 @@ def _secrets(fed: Federation) -> list[str]:
     return found
 
 
+def _keys(fed: Federation) -> list[str]:
+    """The body of every private key of the peer links (the CA's, each router's), as a line
+    of base64 that would show in any output that printed the key."""
+    keys = [fed.pki / "ca.key", *(fed.etc(c) / "peer.key" for c in fed.clouds)]
+    return ["".join(path.read_text().splitlines()[1:-1]) for path in keys]
+
+
+def _peer_certificate(fed: Federation, cloud: Any) -> dict[str, Any]:
+    """The certificate the router's peer link presents to a client that trusts only the
+    controller's CA and checks the link's address against it (as the other router does)."""
+    context = ssl.create_default_context(cafile=str(fed.pki / "ca.crt"))
+    with (
+        socket.create_connection((cloud.front_ip, PEER_PORT), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname=cloud.front_ip) as tls,
+    ):
+        cert = tls.getpeercert()
+    assert cert is not None
+    return cert
+
+
 def test_present_federates_the_clouds(fed: Federation) -> None:
     fed.take_pids()
     output = fed.run("--diff", "-v")
@@ -296,6 +344,9 @@ def test_present_federates_the_clouds(fed: Federation) -> None:
     assert len(secrets) == 2 * len(fed.clouds)  # admin passwords, one credential per peer
     leaked = [s for s in secrets if s in output]
     assert not leaked, "a secret reached Ansible's output"
+    flat = output.replace("\n", "").replace("\\n", "")
+    assert not [k for k in _keys(fed) if k[:40] in flat], "a key reached Ansible's output"
+    assert (fed.pki / "ca.key").stat().st_mode & 0o777 == 0o600
     for cloud in fed.clouds:
         # the public endpoints point at the router, on the same ports and paths; the others
         # (none in the lab) and every id stay as they were
@@ -321,6 +372,24 @@ def test_present_federates_the_clouds(fed: Federation) -> None:
         assert (fed.etc(cloud) / "secure.yaml").stat().st_mode & 0o777 == 0o600
         config = yaml.safe_load((fed.etc(cloud) / "federation.yaml").read_text())
         assert config["clouds"][cloud.name]["proxy"] == {"listen": cloud.proxy_listen}
+        # a TLS peer link for every router, verified with the federation's CA; the files as
+        # this router's host has them (each router reads its own; one path for every cloud);
+        # the key is the router's alone
+        assert config["settings"]["peers"] == {"ca": str(fed.etc(cloud) / "federation-ca.crt")}
+        assert config["settings"].get("verify", True) is True
+        for each in fed.clouds:
+            assert config["clouds"][each.name]["peer"] == {
+                "url": fed.peer_url(each),
+                "tls": {"cert": str(fed.etc(cloud) / "peer.crt"),
+                        "key": str(fed.etc(cloud) / "peer.key")},
+            }  # fmt: skip
+        key = (fed.etc(cloud) / "peer.key").stat()
+        assert key.st_mode & 0o777 == 0o600
+        assert key.st_uid == pwd.getpwnam(_router_account(cloud)).pw_uid
+        ca = (fed.etc(cloud) / "federation-ca.crt").read_bytes()
+        assert ca == (fed.pki / "ca.crt").read_bytes()
+        presented = _peer_certificate(fed, cloud)
+        assert presented["subjectAltName"] == (("IP Address", cloud.front_ip),)
         assert config["clouds"][cloud.name]["credentials"] == {
             o.name: f"router-at-{o.slug}" for o in others
         }
@@ -370,18 +439,42 @@ def test_scope_e2e_checks_pass_through_the_playbooks_routers(fed: Federation) ->
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-8000:]
     assert f"{E2E_COUNT} passed" in output, output[-3000:]
+    # every hop from one router to the other (the CLI's calls, nova's and glance's through the
+    # forward proxies, token validations) went to the other's TLS peer link, and arrived there
+    deadline = time.monotonic() + 10  # access lines are written in batches (<= 0.5 s late)
+    while True:
+        lines = {c.name: _access_lines(fed.router_log(c)) for c in fed.clouds}
+        hops = {n: [e for e in found if e["decision"] == "remote"] for n, found in lines.items()}
+        ids = {n: {e["request_id"] for e in found} for n, found in lines.items()}
+        missing = [
+            h
+            for n, sent in hops.items()
+            for h in sent
+            if h["status"] < 500 and h["request_id"] not in ids[h["cloud"]]
+        ]
+        if not missing or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not missing, f"hops that never arrived: {missing[:3]}"
+    for cloud in fed.clouds:
+        assert hops[cloud.name], f"{cloud.name}'s router sent no hop to the other router"
+        for hop in hops[cloud.name]:
+            other = next(c for c in fed.clouds if c.name == hop["cloud"])
+            assert hop["target"].startswith(fed.peer_url(other) + "/"), hop
 
 
 def test_second_run_and_check_mode_change_nothing(fed: Federation) -> None:
     pids = [
         (fed.base / f"run-{c.slug}" / f"scoperouter-{c.slug}.pid").read_text() for c in fed.clouds
     ]
+    made = {p.name: p.read_bytes() for p in fed.pki.iterdir()}
     unchanged(fed.run())
     unchanged(fed.run("--check", "--diff"))
     after = [
         (fed.base / f"run-{c.slug}" / f"scoperouter-{c.slug}.pid").read_text() for c in fed.clouds
     ]
     assert after == pids  # no router restarted
+    assert {p.name: p.read_bytes() for p in fed.pki.iterdir()} == made  # nothing made again
 
 
 def test_dropins_pass_systemd_analyze(fed: Federation, tmp_path: Path) -> None:
@@ -411,9 +504,12 @@ def test_absent_restores_the_clouds(fed: Federation) -> None:
         status = subprocess.run([str(fed.ctl(cloud)), "status"], capture_output=True, text=True)
         assert status.returncode == 3 and "stopped" in status.stdout
         assert not (fed.etc(cloud) / "secure.yaml").exists()
+        for name in ("peer.key", "peer.crt", "federation-ca.crt"):
+            assert not (fed.etc(cloud) / name).exists(), name
         ks = fed.keystone(cloud)
         assert ks.call("GET", f"/users?name={ROUTER_USER}")["users"] == []
         assert ks.call("GET", f"/projects?name={ROUTER_USER}")["projects"] == []
     assert not list((fed.base / "state").glob("*.json"))
+    assert not fed.pki.exists()  # the CA the role made, the routers' certificates and keys
     fed.undone = True
     unchanged(fed.run("-e", "state=absent"))

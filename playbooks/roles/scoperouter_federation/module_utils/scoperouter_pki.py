@@ -1,0 +1,1 @@
+../../../../scoperouter/pki.py
