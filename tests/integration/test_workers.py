@@ -116,6 +116,18 @@ def new_connection_request(pool: Pool, path: str = "/v2/images") -> str:
     return str(reply.json()["backend"])
 
 
+def _wait_dead(proc: psutil.Process, timeout: float = 10.0) -> None:
+    """Until `proc` is dead (a zombie its parent has not reaped yet, or gone): a signal is
+    delivered a moment after it is sent."""
+    deadline = time.monotonic() + timeout
+    try:
+        while proc.status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, f"{proc.pid} still running"
+            time.sleep(0.005)
+    except psutil.NoSuchProcess:
+        pass
+
+
 def test_workers_share_the_port(shared: Pool) -> None:
     assert len(shared.workers()) == 2
     for _ in range(60):
@@ -140,8 +152,9 @@ def test_sigkill_of_a_worker_loses_only_its_requests_in_flight(shared: Pool) -> 
         for thread in sleepers:
             thread.start()
         time.sleep(1.0)  # the slow requests are in flight, on both workers
-        killed_at = time.monotonic()
         victim.send_signal(signal.SIGKILL)
+        _wait_dead(victim)  # a request sent before it died may still have reached it
+        killed_at = time.monotonic()
         pool.router.wait_for_log("replaced and serving", timeout=60)
         replaced_at = time.monotonic()
         time.sleep(2.0)  # keep the load on the new worker too
