@@ -464,6 +464,12 @@ def _pki_error(exc: Exception) -> int:
     return 1
 
 
+def _pki_done(cert: Path, made: str | None, about: str) -> int:
+    """What `pki ca` / `pki issue` did (`made`: why it was made; None: kept), never a key."""
+    print(f"{'made' if made else 'kept'} {cert}: {about}" + (f" (was: {made})" if made else ""))
+    return 0
+
+
 def cmd_pki_ca(args: argparse.Namespace) -> int:
     from scoperouter import pki
 
@@ -473,8 +479,7 @@ def cmd_pki_ca(args: argparse.Namespace) -> int:
         about = pki.describe(cert.read_bytes())
     except (OSError, pki.PkiError) as exc:
         return _pki_error(exc)
-    print(f"{'made' if made else 'kept'} {cert}: {about}" + (f" (was: {made})" if made else ""))
-    return 0
+    return _pki_done(cert, made, about)
 
 
 def cmd_pki_issue(args: argparse.Namespace) -> int:
@@ -498,8 +503,7 @@ def cmd_pki_issue(args: argparse.Namespace) -> int:
         about = pki.describe(cert.read_bytes())
     except (OSError, pki.PkiError) as exc:
         return _pki_error(exc)
-    print(f"{'made' if made else 'kept'} {cert}: {about}" + (f" (was: {made})" if made else ""))
-    return 0
+    return _pki_done(cert, made, about)
 
 
 def cmd_pki_check(args: argparse.Namespace) -> int:

@@ -237,24 +237,20 @@ def certificate_problem(
     return _expiring(cert, renew_days)
 
 
-def write_key(path: Path, data: bytes) -> None:
-    """`data` (a private key) to `path`, mode 0600 from its first byte, replacing the file."""
+def _write(path: Path, data: bytes, mode: int) -> None:
+    """`data` to `path` with `mode` from its first byte, replacing the file at once."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     with os.fdopen(fd, "wb") as fh:
         fh.write(data)
     tmp.replace(path)
 
 
-def write_certificate(path: Path, data: bytes) -> None:
-    """`data` (a certificate: public) to `path`, mode 0644, replacing the file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    tmp.replace(path)
+def _store(cert_path: Path, cert: bytes, key_path: Path, key: bytes) -> None:
+    """A key (mode 0600) and its certificate (public: 0644), the key first."""
+    _write(key_path, key, 0o600)
+    _write(cert_path, cert, 0o644)
 
 
 def ensure_ca(
@@ -273,8 +269,7 @@ def ensure_ca(
         return problem
     cert, key = new_ca(name, days)
     cert_path.parent.mkdir(parents=True, exist_ok=True)
-    write_key(key_path, key)
-    write_certificate(cert_path, cert)
+    _store(cert_path, cert, key_path, key)
     return problem
 
 
@@ -303,8 +298,7 @@ def ensure_certificate(
     cert, key = new_certificate(ca_cert_pem, ca_key_pem, name, addresses, days)
     cert_path.parent.mkdir(parents=True, exist_ok=True)
     key_path.parent.mkdir(parents=True, exist_ok=True)
-    write_key(key_path, key)
-    write_certificate(cert_path, cert)
+    _store(cert_path, cert, key_path, key)
     return problem
 
 
