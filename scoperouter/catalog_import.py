@@ -207,8 +207,7 @@ def add_peer_links(
         cloud.update([*items[:at], ("peer", block), *items[at:]])
         added = True
     if added and links is not None and links.ca is not None:
-        settings = config.setdefault("settings", {})
-        config["settings"] = settings = dict(settings)
+        settings = config["settings"] = dict(config.get("settings") or {})
         settings["peers"] = {**(settings.get("peers") or {}), "ca": links.ca}
         # settings before clouds, as in config/federation.yaml
         config["clouds"] = config.pop("clouds")
