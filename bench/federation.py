@@ -66,9 +66,7 @@ class CloudAddresses:
         ]
 
 
-def two_clouds(
-    addresses: list[CloudAddresses], hop_limit: int = 8, data_path: str | None = None
-) -> dict[str, Any]:
+def two_clouds(addresses: list[CloudAddresses], hop_limit: int = 8) -> dict[str, Any]:
     """The bench federation: image, identity and object-store in every cloud."""
     clouds: dict[str, Any] = {}
     for cloud in addresses:
@@ -100,8 +98,6 @@ def two_clouds(
         "connect_timeout": 5.0,
         "response_timeout": 60.0,
     }
-    if data_path is not None:  # else the router's default
-        settings["data_path"] = data_path
     return {"version": 1, "settings": settings, "clouds": clouds}
 
 

@@ -35,7 +35,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 # the router's lean data path's list (the prototype it grew from drops the same fields)
-from scoperouter.proxy.heads import HOP_BY_HOP
+from scoperouter.http.wire import HOP_BY_HOP
 
 REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 

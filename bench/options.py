@@ -77,11 +77,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=0.2,
         help="CPU cores other processes may use for the machine to count as quiet",
     )
-    parser.add_argument(
-        "--data-path",
-        choices=["mitmproxy", "lean"],
-        help="settings.data_path of the routers (default: the router's default)",
-    )
     parser.add_argument("--keep", action="store_true", help="keep the work dir (configs, logs)")
     args = parser.parse_args(argv)
     args.duration = args.duration or (3.0 if args.quick else 8.0)

@@ -151,7 +151,7 @@ class Bench:
         self.backends["small"] = self.small.proc
         self.backends["big"] = backend.start_asyncio(self.procs, big, "backend-big").proc
         self.config = federation.write_config(
-            federation.two_clouds(list(self.clouds.values()), data_path=self.args.data_path),
+            federation.two_clouds(list(self.clouds.values())),
             self.workdir / "federation.yaml",
         )
         for name in reversed(federation.CLOUDS):  # CloudTwo first: CloudOne forwards to it

@@ -5,7 +5,7 @@ venv::
 
     sudo .venv/bin/python -m bench.wan                      # ~3 minutes, table on stdout
     .venv/bin/python -m bench.wan --requests 50 --concurrency 1   # a quick look
-    .venv/bin/python -m bench.wan --data-path lean --json wan.json
+    .venv/bin/python -m bench.wan --json wan.json
 
 **The link.** This kernel has no netem, so the delay is made in user space: the ``forward``
 subcommand (run by the bench in the root namespace) opens two TUN devices, the bench moves one
@@ -28,9 +28,7 @@ processes use its own loopback (127.x) for everything that does not cross the li
   CloudTwo's backend (the same server, on B's loopback).
 
 Per point: p50/p99 latency, WAN handshakes per request, ratios to the direct open connection
-(the floor) and to the direct new connection. ``--data-path NAME`` writes
-``settings.data_path: NAME`` into the routers' config when this checkout's config knows that
-setting (the lean data path of issue 12), and is otherwise reported as ignored.
+(the floor) and to the direct new connection.
 
 Everything the bench starts is stopped by PID at the end, on an error and on Ctrl-C; the
 namespaces are deleted, and the TUN devices vanish with the forwarder.
@@ -463,17 +461,6 @@ class Wan:
                     "tls": {"cert": str(cert), "key": str(cert.with_suffix(".key"))},
                 }
             settings["peers"] = {"ca": str(self.ca)}
-        data_path = self.args.data_path
-        if data_path:
-            from scoperouter.catalog import Settings
-
-            if "data_path" in getattr(Settings, "__dataclass_fields__", {}):
-                settings["data_path"] = data_path
-            else:
-                note = f"--data-path {data_path} ignored: this checkout has no data_path setting"
-                if note not in self.notes:
-                    self.notes.append(note)
-                    say(note)
 
         def cloud(
             router: str, front: dict[str, Any], backend: str, identity_host: str
@@ -714,7 +701,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="requests sent through the routers before each of their points, not measured "
         "(10 rounds of the point's clients, at least 60)",
     )
-    parser.add_argument("--data-path", help="settings.data_path of the routers, if known")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     return parser.parse_args(argv)
 

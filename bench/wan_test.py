@@ -68,7 +68,7 @@ def test_load_client_against_the_server(tmp_path: Path, tls: bool, new: bool) ->
 
 
 def test_the_routers_federation_config_loads(tmp_path: Path) -> None:
-    args = wan.parse_args(["--data-path", "lean"])
+    args = wan.parse_args([])
     bench = wan.Wan(args, tmp_path)
     bench.ca, bench.certs = federation_ca(
         tmp_path, {"CloudOne": wan.A_ADDR, "CloudTwo": wan.B_ADDR}

@@ -139,6 +139,9 @@ class Limits:
     max_request_line: int = 16384  # method, target and version -> 414
     header_timeout: float = 10.0  # seconds from the first byte of a head to its end -> 408
     idle_timeout: float = 60.0  # seconds a keep-alive connection may wait for a request
+    # seconds a request body may go without a byte while the router reads it -> 408 (and an
+    # answer may wait for a client that reads none of it -> the connection is closed)
+    body_timeout: float = 60.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -168,10 +171,6 @@ class Peers:
         return peer_idle_timeout / 2
 
 
-DataPath = Literal["mitmproxy", "lean"]
-DATA_PATHS: tuple[DataPath, ...] = ("mitmproxy", "lean")
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     hop_limit: int = 8
@@ -184,10 +183,6 @@ class Settings:
     limits: Limits = field(default_factory=Limits)
     breaker: Breaker = field(default_factory=Breaker)
     peers: Peers = field(default_factory=Peers)
-    # Who carries reverse-mode traffic (frontends, router-to-router hops): the router's own
-    # asyncio + httptools server (scoperouter.proxy.lean), or mitmproxy. The forward proxy
-    # listener is mitmproxy's either way.
-    data_path: DataPath = "lean"
 
     def __post_init__(self) -> None:
         # routing.decide lets a request without X-Scope-Hops (0 hops) through unchecked.
@@ -371,10 +366,7 @@ class Catalog:
     def describe(self) -> str:
         """A one-line summary for logs."""
         n_endpoints = sum(len(c.endpoints) for c in self.clouds.values())
-        return (
-            f"{len(self.clouds)} clouds, {n_endpoints} endpoints, "
-            f"data path {self.settings.data_path}"
-        )
+        return f"{len(self.clouds)} clouds, {n_endpoints} endpoints"
 
 
 _INTERFACE_RANK = {name: rank for rank, name in enumerate(INTERFACES)}

@@ -537,8 +537,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         f"{settings.connect_timeout:g}/{settings.response_timeout:g}s to backends, "
         f"{settings.peer_connect_timeout:g}/{settings.peer_response_timeout:g}s to peers; "
         f"limits {limits.max_headers} headers, {limits.max_header_bytes} bytes, line "
-        f"{limits.max_request_line}, head {limits.header_timeout:g}s, idle "
-        f"{limits.idle_timeout:g}s; an upstream is down for {breaker.down_for:g}s after "
+        f"{limits.max_request_line}, head {limits.header_timeout:g}s, body "
+        f"{limits.body_timeout:g}s, idle {limits.idle_timeout:g}s; an upstream is down for "
+        f"{breaker.down_for:g}s after "
         f"{breaker.failures} failure{'s' if breaker.failures != 1 else ''}"
     )
     print(f"  router-to-router links: {_links_summary(catalog)}")
@@ -603,7 +604,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             )
             return 2
         cloud = next(iter(catalog.clouds))
-    from scoperouter.proxy import Options, logs, serve
+    from scoperouter.proxy import Options, serve
+    from scoperouter.router import logs
 
     logs.setup(args.log_level, args.log_format, cloud)
     return serve(

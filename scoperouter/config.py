@@ -11,6 +11,7 @@ The format is documented in config/federation.yaml and docs/design.md.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -19,7 +20,6 @@ from typing import Any
 import yaml
 
 from scoperouter.catalog import (
-    DATA_PATHS,
     INTERFACES,
     URL,
     Breaker,
@@ -34,6 +34,12 @@ from scoperouter.catalog import (
     parse_url,
 )
 from scoperouter.errors import ConfigError
+
+logger = logging.getLogger("scoperouter")
+
+OBSOLETE_DATA_PATH = "data_path"
+"""A setting of earlier versions (``lean`` or ``mitmproxy``): the router now has one reverse
+data path, its own HTTP server (what ``lean`` was). ``lean`` is accepted with a warning."""
 
 __all__ = ["build_catalog", "load_catalog", "parse_catalog", "read_config"]
 
@@ -123,7 +129,7 @@ class _Loader:
         return Catalog(clouds, settings)
 
     def settings(self, data: Any, where: str) -> Settings:
-        allowed = set(Settings.__dataclass_fields__)
+        allowed = set(Settings.__dataclass_fields__) | {OBSOLETE_DATA_PATH}
         doc = self._mapping(data, where, allowed=allowed)
         defaults = Settings()
         hop_limit = int(
@@ -139,18 +145,12 @@ class _Loader:
         verify = doc.get("verify", True)
         if not isinstance(verify, bool):
             raise ConfigError(f"{where}.verify", f"must be true or false, not {verify!r}")
-        data_path = doc.get("data_path", defaults.data_path)
-        if data_path not in DATA_PATHS:
-            raise ConfigError(
-                f"{where}.data_path",
-                f"must be one of {', '.join(DATA_PATHS)}, not {data_path!r}",
-            )
+        _obsolete_data_path(doc, where)
         ca_bundle = doc.get("ca_bundle")
         if ca_bundle is not None:
             ca_bundle = self._file(ca_bundle, f"{where}.ca_bundle")
         return Settings(
             hop_limit=hop_limit,
-            data_path=data_path,
             ca_bundle=ca_bundle,
             verify=verify,
             limits=self.limits(doc.get("limits") or {}, f"{where}.limits"),
@@ -182,7 +182,7 @@ class _Loader:
         for key in ("max_headers", "max_header_bytes", "max_request_line"):
             value = doc.get(key, getattr(defaults, key))
             values[key] = int(_number(value, f"{where}.{key}", integer=True))
-        for key in ("header_timeout", "idle_timeout"):
+        for key in ("header_timeout", "idle_timeout", "body_timeout"):
             values[key] = _number(doc.get(key, getattr(defaults, key)), f"{where}.{key}")
         if values["max_request_line"] > values["max_header_bytes"]:
             raise ConfigError(
@@ -410,3 +410,21 @@ def _refuse_router_backends(clouds: Mapping[str, Cloud]) -> None:
                     f"{ep.backend.base} is where the router of {owner} listens, not a service: "
                     "requests sent there would come back (routing loop)",
                 )
+
+
+def _obsolete_data_path(doc: Mapping[str, Any], where: str) -> None:
+    value = doc.get(OBSOLETE_DATA_PATH)
+    if value is None:
+        return
+    if value != "lean":
+        raise ConfigError(
+            f"{where}.{OBSOLETE_DATA_PATH}",
+            f"{value!r} is no longer available: the router serves its frontends and peer "
+            "links with its own HTTP server (mitmproxy carries the forward proxy only); "
+            "remove this setting",
+        )
+    logger.warning(
+        "%s.%s is obsolete (the router has one data path, what 'lean' was); remove it",
+        where,
+        OBSOLETE_DATA_PATH,
+    )

@@ -45,6 +45,11 @@ class Reject:
         return error_body(self.status, self.message)
 
 
+class ClientGone(Exception):
+    """The client closed its connection before its request was answered (logged as 499,
+    nginx's "client closed request": nothing is sent to anyone)."""
+
+
 class ConfigError(Exception):
     """A federation config that cannot be used; `location` says where (file:key.path)."""
 

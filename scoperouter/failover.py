@@ -13,7 +13,7 @@ says something about the *cloud*, never about the request:
 
 A cloud the router already knows to be down is skipped without waiting: the engine supplies
 an :data:`IsDown` predicate backed by its peer health (the circuit breaker of
-``scoperouter.proxy.addons.health`` keys upstreams by ``scheme://host:port`` of
+``scoperouter.router.health`` keys upstreams by ``scheme://host:port`` of
 ``Forward.url``), and reports each outcome back so that one failure serves every later request
 (:data:`Report`). When every candidate is skipped the answer is a 503 naming each.
 """
@@ -26,8 +26,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from scoperouter.routing import Forward
-
-IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
+from scoperouter.semantics import IDEMPOTENT
 
 IsDown = Callable[[Forward], str | None]
 """The engine's peer health: why the upstream of this forward is marked down, or None when

@@ -1,15 +1,17 @@
-"""The mitmproxy adapter: the router of one cloud, as a supervisor and its worker processes.
+"""The router's processes: the only place that wires the router's logic
+(:mod:`scoperouter.router`) to its HTTP layer (:mod:`scoperouter.http`) and to mitmproxy.
 
-``serve(options)`` runs the router (see :mod:`scoperouter.proxy.supervisor`) until SIGTERM or
+``serve(options)`` runs the router of one cloud (see :mod:`~.supervisor`) until SIGTERM or
 SIGINT and returns the exit code. Modules:
 
-* ``supervisor`` - listening sockets (SO_REUSEPORT, one per worker), worker processes, reload,
-  draining, ``/metrics`` and ``/healthz`` (no mitmproxy import);
-* ``worker``, ``engine`` - one worker: the embedded mitmproxy master and its lifecycle;
-* ``addons/`` - the router's addons, one concern each (routing, limits, timeouts, peer health,
-  identity, errors, access log, metrics) and the chain that calls them;
-* ``mitm`` - every use of mitmproxy internals (checked by tests/unit/test_mitm_contract.py);
-* ``flowstate``, ``listeners``, ``logs``, ``metrics`` - shared pieces.
+* :mod:`~.supervisor` - listening sockets (SO_REUSEPORT, one per worker), worker processes,
+  reload, draining, ``/metrics`` and ``/healthz``;
+* :mod:`~.worker` - one worker process: the router's parts, one sweep for every deadline,
+  signals, draining;
+* :mod:`~.reverse` - the frontends and the peer link: the HTTP server, each request handed to
+  the pipeline, sent with the one exchange client;
+* :mod:`~.forward` - the forward proxy (``HTTP_PROXY``) on mitmproxy, imported only by a worker
+  whose cloud has one.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The supervisor (this module; it never imports mitmproxy) binds every listener of the cloud once
 per worker with ``SO_REUSEPORT`` (the kernel spreads new connections over the workers' sockets),
-starts ``--workers`` worker processes (:mod:`scoperouter.proxy.engine`) that accept on them, and:
+starts ``--workers`` worker processes (:mod:`scoperouter.proxy.worker`) that accept on them, and:
 
 * **restarts** a worker that dies. Its listening sockets stay open in the supervisor, so the
   connections the kernel queued for it wait for the new worker instead of being reset: a
@@ -45,7 +45,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from scoperouter.catalog import Catalog
 from scoperouter.config import parse_catalog, read_config
 from scoperouter.errors import ConfigError
-from scoperouter.proxy.listeners import listener_signature, listeners_for
+from scoperouter.router.listeners import listener_signature, listeners_for
 
 logger = logging.getLogger("scoperouter")
 

@@ -1,20 +1,241 @@
-"""Entry point of one router worker process (started by the supervisor, not by hand).
+"""One router worker process: the router's parts, its HTTP server, its forward proxy, signals.
 
     python -m scoperouter.proxy.worker --config F --cloud C --control-fd N \\
         --listen-fd HOST:PORT=FD ... [--drain S] [--worker I]
 
-The listening sockets and the control socket are inherited file descriptors.
+Started by the supervisor (:mod:`scoperouter.proxy.supervisor`), not by hand: the listening
+sockets and the control socket are inherited file descriptors. The worker writes ``ready`` on
+the control socket once it listens, and stops (draining) when the supervisor goes away.
+
+A worker holds one of each of the router's parts (:mod:`scoperouter.router`: config, breaker,
+token swap, access log, metrics, the combiner and the :class:`~scoperouter.router.pipeline.
+Pipeline` they form), one upstream :class:`~scoperouter.http.pool.Pool`, the reverse server
+(:mod:`scoperouter.proxy.reverse`: frontends and peer link) and, when the cloud has a forward
+proxy, mitmproxy for it (:mod:`scoperouter.proxy.forward`, imported only then: a router
+without a forward proxy never imports mitmproxy). One sweep every :data:`TICK` checks every
+deadline. SIGHUP reloads the config in place (no connection is dropped); SIGTERM or SIGINT
+drain: stop accepting, close idle connections, let requests in flight finish for up to the
+drain time, then exit 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import functools
+import gc
+import logging
+import signal
 import socket
 import sys
-from collections.abc import Sequence
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from scoperouter.proxy import logs
+from scoperouter.catalog import Catalog
+from scoperouter.errors import ConfigError
+from scoperouter.http.pool import Pool
+from scoperouter.proxy.reverse import ReverseServer, configure_pool, transmit
+from scoperouter.router import logs, metrics
+from scoperouter.router.accesslog import AccessLog
+from scoperouter.router.combined import Combiner
+from scoperouter.router.config import RouterConfig
+from scoperouter.router.health import UpstreamHealth
+from scoperouter.router.metrics import Metrics
+from scoperouter.router.pipeline import Pipeline
+from scoperouter.router.tokens import TokenSwap
+
+if TYPE_CHECKING:
+    from scoperouter.proxy.forward.engine import ForwardProxy
+
+logger = logging.getLogger("scoperouter")
+
+TICK = 0.1  # seconds between two sweeps of the response deadlines
+CHECK_EVERY = 5  # ticks between two sweeps of the connections' own deadlines and idle pools
+
+
+class Worker:
+    """One cloud's router process."""
+
+    def __init__(
+        self,
+        config_path: str,
+        cloud: str,
+        workdir: Path,
+        source: str | None = None,
+        base_dir: Path | None = None,
+        sockets: Mapping[tuple[str, int], socket.socket] | None = None,
+    ) -> None:
+        self.sockets = dict(sockets or {})
+        self.config = config = RouterConfig(source, base_dir)
+        config.load(config_path, cloud)  # ConfigError when it cannot be used
+        health = UpstreamHealth(config)
+        tokens = TokenSwap(config)
+        self.pool = Pool()
+        config.subscribe(functools.partial(_configure_pool, self.pool, cloud))
+        self.pipeline = Pipeline(
+            config,
+            health=health,
+            tokens=tokens,
+            log=AccessLog(config),
+            metrics=Metrics(config, health),
+            combiner=Combiner(config, health, tokens, functools.partial(transmit, self.pool)),
+        )
+        self.reverse = ReverseServer(config, self.pipeline, self.pool)
+        self.forward: ForwardProxy | None = None
+        for listener in config.listeners:
+            if listener.kind == "forward":
+                from scoperouter.proxy.forward.engine import ForwardProxy  # mitmproxy
+
+                self.forward = ForwardProxy(self.pipeline, listener, workdir, self.sockets)
+        self._stop = asyncio.Event()
+
+    def reload(self) -> None:
+        try:
+            done = self.config.reload()
+            metrics.RELOADS.labels("ok" if done else "refused").inc()
+            if done and self.forward is not None:
+                self.forward.reload()
+        except Exception:  # a reload must never take the router down
+            logger.exception("reload failed; the current config stays in use")
+
+    async def run(self, control: socket.socket | None, drain: float) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        try:
+            return await self._serve(control, drain)
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                loop.remove_signal_handler(sig)
+
+    async def _serve(self, control: socket.socket | None, drain: float) -> int:
+        cloud = self.config.cloud
+        if self.forward is not None and not await self.forward.start():
+            logger.error("could not start the forward proxy of %s; exiting", cloud)
+            return 1
+        try:
+            reverse = [item for item in self.config.listeners if item.frontend is not None]
+            await self.reverse.start(reverse, self.sockets)
+        except OSError as exc:
+            logger.error("could not start the listeners of %s (%s); exiting", cloud, exc)
+            await self._close()
+            return 1
+        sweeper = asyncio.get_running_loop().create_task(self.sweep())
+        for origin in self.pool.warm:  # the peer routers: connections opened ahead
+            self.pool.refill(origin)
+        watcher = None
+        if control is not None:
+            reader, writer = await asyncio.open_connection(sock=control)
+            try:
+                writer.write(b"ready\n")
+                await writer.drain()
+            except OSError:
+                logger.error("the supervisor of %s is gone; exiting", cloud)
+                sweeper.cancel()
+                await self._close()
+                return 1
+            watcher = asyncio.create_task(self._watch_supervisor(reader))
+        logger.info(
+            "router of %s listening on %s (%s)",
+            cloud,
+            ", ".join(item.address for item in self.config.listeners),
+            self.config.current().describe(),
+        )
+        try:
+            await self._stop.wait()
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            try:
+                await self._drain(drain)
+            finally:
+                sweeper.cancel()
+                await self._close()
+        logger.info("router of %s stopped", cloud)
+        return 0
+
+    async def _watch_supervisor(self, reader: asyncio.StreamReader) -> None:
+        """The supervisor holds the other end: end of file means it is gone, so stop."""
+        await reader.read()
+        logger.warning("the supervisor is gone; stopping")
+        self._stop.set()
+
+    async def sweep(self) -> None:
+        """Every deadline, every tick (runs until cancelled)."""
+        ticks = 0
+        while True:
+            await asyncio.sleep(TICK)
+            ticks += 1
+            now = time.monotonic()
+            self.pool.sweep(now)
+            if self.forward is not None:
+                self.forward.sweep(now)
+            if ticks % CHECK_EVERY == 0:
+                self.reverse.check(now)
+                self.pool.tidy(now)
+
+    async def _drain(self, grace: float) -> None:
+        """Stop listening, close idle client connections, give requests in flight `grace`
+        seconds, then close what is left."""
+        loop = asyncio.get_running_loop()
+        self.reverse.stop_listening()
+        forward = self.forward
+        if forward is not None:
+            await forward.stop_listening()
+        deadline = loop.time() + grace
+        while self.reverse.state.connections or (forward is not None and forward.connections()):
+            late = loop.time() > deadline
+            self.reverse.drain_step(late)
+            if forward is not None:
+                forward.drain_step(late)
+            if loop.time() > deadline + 1.0:
+                break
+            await asyncio.sleep(0.02)
+
+    async def _close(self) -> None:
+        self.reverse.stop_listening()
+        self.pool.close()
+        if self.forward is not None:
+            await self.forward.stop_listening()
+            await self.forward.done()
+
+
+def _configure_pool(pool: Pool, cloud: str, catalog: Catalog) -> None:
+    configure_pool(pool, catalog, cloud)
+
+
+def run_worker(
+    config_path: str,
+    cloud: str,
+    sockets: Mapping[tuple[str, int], socket.socket],
+    control: socket.socket | None,
+    drain: float,
+    source: str | None = None,
+    base_dir: Path | None = None,
+) -> int:
+    """Run one worker until it is told to stop; the process exit code. `config_path` may be a
+    copy of the config (`source` names the original, `base_dir` is its directory)."""
+    with tempfile.TemporaryDirectory(prefix="scoperouter-") as workdir:
+
+        async def main() -> int:
+            try:
+                worker = Worker(config_path, cloud, Path(workdir), source, base_dir, sockets)
+            except ConfigError as exc:
+                logger.error("cannot start the router of %s: %s", cloud, exc)
+                return 2
+            # What start-up made (our modules, the config) lives as long as the worker: out of
+            # the garbage collector's sight, full collections stay small.
+            gc.freeze()
+            return await worker.run(control, drain)
+
+        try:
+            return asyncio.run(main())
+        except KeyboardInterrupt:
+            return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -37,9 +258,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         host, _, port = address.rpartition(":")
         sockets[(host.strip("[]").lower(), int(port))] = socket.socket(fileno=int(fd))
     control = socket.socket(fileno=args.control_fd) if args.control_fd is not None else None
-
-    from scoperouter.proxy.engine import run_worker  # mitmproxy is imported from here on
-
     base_dir = Path(args.config_dir) if args.config_dir else None
     return run_worker(
         args.config, args.cloud, sockets, control, args.drain, args.config_source, base_dir

@@ -15,32 +15,14 @@ never trips here (test_health.py has its own routers for it).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from . import routers as routers_module
 from .backends import EchoBackend, RawServer, SilentServer
 from .routers import Router, cloud_entry, free_port, start_all, stop_all, write_config
-
-DATA_PATHS = tuple(
-    os.environ.get("SCOPEROUTER_TEST_DATA_PATHS", "mitmproxy,lean").replace(" ", "").split(",")
-)
-"""The data paths every integration test runs against (settings.data_path of the routers);
-``SCOPEROUTER_TEST_DATA_PATHS=lean`` runs one."""
-
-
-@pytest.fixture(scope="session", params=DATA_PATHS, autouse=True)
-def data_path(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The routers of the tests run with this data path (fixtures that start routers ask for
-    it, so that they start again for each)."""
-    routers_module.DATA_PATH = request.param
-    yield request.param
-    routers_module.DATA_PATH = "mitmproxy"
-
 
 CONNECT_TIMEOUT = 1.0
 RESPONSE_TIMEOUT = 1.5
@@ -63,8 +45,8 @@ class Federation:
 
 
 @pytest.fixture(scope="session")
-def federation(tmp_path_factory: pytest.TempPathFactory, data_path: str) -> Iterator[Federation]:
-    tmp = tmp_path_factory.mktemp(f"federation-{data_path}")
+def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
+    tmp = tmp_path_factory.mktemp("federation")
     backends: dict[tuple[str, str], EchoBackend] = {}
     for cloud, host in (("CloudOne", "127.0.1.2"), ("CloudTwo", "127.0.1.3")):
         for service in SERVICES:

@@ -26,9 +26,6 @@ from urllib.parse import urlsplit
 import yaml
 
 START_TIMEOUT = 20.0
-DATA_PATH = "mitmproxy"
-"""The data path of the routers the configs written now describe (conftest's ``data_path``
-fixture sets it: the suite runs against each)."""
 
 
 def free_port(host: str) -> int:
@@ -47,7 +44,6 @@ def scoperouter_command() -> list[str]:
 
 def write_config(path: Path, clouds: Mapping[str, Any], **settings: Any) -> Path:
     doc: dict[str, Any] = {"version": 1, "clouds": dict(clouds)}
-    settings.setdefault("data_path", DATA_PATH)
     doc["settings"] = settings
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path

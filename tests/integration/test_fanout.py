@@ -28,7 +28,7 @@ from scoperouter.catalog import Catalog
 from scoperouter.config import build_catalog
 from scoperouter.errors import Reject
 from scoperouter.merge import MISSING_HEADER, ORIGIN_KEY
-from scoperouter.proxy.fanout import Reply, Request, execute, httpx_sender
+from scoperouter.router.fanout import Reply, Request, execute, httpx_sender
 from scoperouter.routing import Failover, FanOut, Forward, RequestFacts, decide
 
 from .backends import ListServer, RawServer, SilentServer

@@ -26,9 +26,7 @@ class Setup:
 
 
 @pytest.fixture(scope="module")
-def one_with_a_frozen_peer(
-    tmp_path_factory: pytest.TempPathFactory, data_path: str
-) -> Iterator[Setup]:
+def one_with_a_frozen_peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     tmp_path = tmp_path_factory.mktemp("health")
     backend = EchoBackend("127.0.1.22", name="One-image").start()
     frozen = SilentServer("127.0.0.23").start()  # CloudTwo's router: accepts, never answers

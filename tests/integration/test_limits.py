@@ -43,7 +43,7 @@ class Solo:
 
 
 @pytest.fixture(scope="module")
-def solo(tmp_path_factory: pytest.TempPathFactory, data_path: str) -> Iterator[Solo]:
+def solo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Solo]:
     tmp = tmp_path_factory.mktemp("limits")
     backend = EchoBackend("127.0.1.20", name="solo-image").start()
     port = free_port(HOST)

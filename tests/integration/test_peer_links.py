@@ -146,7 +146,6 @@ class Links:
     two_peer: str  # CloudTwo's peer link, the router's own port (not the relay)
     routers: dict[str, Router]
     relay: Relay
-    data_path: str
     ca: Path  # the federation's CA
 
     def scoped_get(self, rest: str = "/v2/images") -> Any:
@@ -154,7 +153,7 @@ class Links:
 
 
 @pytest.fixture(scope="module")
-def links(tmp_path_factory: pytest.TempPathFactory, data_path: str) -> Iterator[Links]:
+def links(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Links]:
     tmp = tmp_path_factory.mktemp("peer-links")
     ca, certs = federation_ca(tmp, {"one": ONE, "two": TWO, "skeptic": SKEPTIC})
     _, _, other_ca = issue(tmp, TWO, name="other")
@@ -219,7 +218,6 @@ def links(tmp_path_factory: pytest.TempPathFactory, data_path: str) -> Iterator[
             f"https://{TWO}:{two_bind}",
             routers,
             relay,
-            data_path,
             ca,
         )
     finally:
@@ -228,11 +226,6 @@ def links(tmp_path_factory: pytest.TempPathFactory, data_path: str) -> Iterator[
         for backend in backends.values():
             backend.stop()
     assert set(codes.values()) == {0}, {k: r.log_text()[-2000:] for k, r in routers.items()}
-
-
-def lean_only(links: Links) -> None:
-    if links.data_path != "lean":
-        pytest.skip("the pool of peer connections is the lean data path's")
 
 
 def test_a_remote_call_crosses_the_tls_peer_link(links: Links) -> None:
@@ -267,7 +260,6 @@ def test_a_wrong_ca_fails_with_a_clear_error(links: Links) -> None:
 
 
 def test_connections_to_the_peer_are_opened_ahead_and_reused(links: Links) -> None:
-    lean_only(links)
     relay = links.relay
     deadline = time.monotonic() + 10
     while len(relay.conns) < 2 and time.monotonic() < deadline:  # the warm set, at start
@@ -314,7 +306,6 @@ def test_a_burst_grows_the_pool_ahead_and_the_next_finds_it_open(links: Links) -
     """A burst larger than the warm set opens what it lacks, and the pool keeps twice what
     that burst had in use: the same burst again, or one half as large again, crosses on
     connections already open (a router's worker gets an uneven share of every burst)."""
-    lean_only(links)
     relay = links.relay
     before = _settled(relay)
     _burst(links, 6)  # 2 warm ones, 4 opened for requests, more ahead in the background
@@ -329,7 +320,6 @@ def test_a_burst_grows_the_pool_ahead_and_the_next_finds_it_open(links: Links) -
 
 
 def test_pooled_peer_connections_close_before_the_peers_idle_timeout(links: Links) -> None:
-    lean_only(links)
     relay = links.relay
     assert links.scoped_get().status == 200
     start = len(relay.conns)
@@ -347,7 +337,6 @@ def test_pooled_peer_connections_close_before_the_peers_idle_timeout(links: Link
 
 
 def test_a_pooled_connection_the_peer_closed_is_retried_once(links: Links) -> None:
-    lean_only(links)
     relay = links.relay
     assert links.scoped_get().status == 200
     broken = relay.broken

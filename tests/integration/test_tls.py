@@ -28,9 +28,7 @@ class TlsFederation:
 
 
 @pytest.fixture(scope="module")
-def tls_federation(
-    tmp_path_factory: pytest.TempPathFactory, data_path: str
-) -> Iterator[TlsFederation]:
+def tls_federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsFederation]:
     tmp = tmp_path_factory.mktemp("tls")
     cert, key, ca = issue(tmp, TWO, name="cloudtwo")
     _, _, other_ca = issue(tmp, TWO, name="other")

@@ -66,7 +66,7 @@ def _pool(tmp_path: Path) -> Iterator[Pool]:
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory, data_path: str) -> Iterator[Pool]:
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     """One router for the tests that leave it serving (the start of two workers is slow)."""
     yield from _pool(tmp_path_factory.mktemp("workers"))
 

@@ -10,7 +10,7 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scoperouter.proxy.logs import FIELDS, BatchingHandler, JsonFormatter, TextFormatter
+from scoperouter.router.logs import FIELDS, BatchingHandler, JsonFormatter, TextFormatter
 
 
 def record(level: int = logging.INFO, **fields: object) -> logging.LogRecord:

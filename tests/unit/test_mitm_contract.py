@@ -26,11 +26,11 @@ from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.proxy.layers.http import _http1
 from mitmproxy.proxy.layers.http._base import ReceiveHttp
-from mitmproxy.proxy.layers.http._events import RequestHeaders
+from mitmproxy.proxy.layers.http._events import RequestHeaders, RequestProtocolError
 from mitmproxy.test import tflow
 
 from scoperouter.catalog import Limits
-from scoperouter.proxy import mitm
+from scoperouter.proxy.forward import guard, mitm
 
 
 def test_written_for_this_mitmproxy() -> None:
@@ -111,7 +111,7 @@ def test_pending_error_applies_once_and_only_to_its_message() -> None:
 
 
 def test_508_has_its_reason_phrase() -> None:
-    head = mitm.error_page(508, "loop").split(b"\r\n", 1)[0]
+    head = guard.error_page(508, "loop").split(b"\r\n", 1)[0]
     assert head == b"HTTP/1.1 508 Loop Detected"
 
 
@@ -121,7 +121,7 @@ def test_508_has_its_reason_phrase() -> None:
 def test_http_layer_makes_its_http1_server_by_module_name(installed: None) -> None:
     source = inspect.getsource(http_layers.HttpLayer._handle_event)
     assert "http_conn = Http1Server(self.context.fork())" in source
-    assert proxy_layers.http.Http1Server is mitm.GuardedHttp1Server
+    assert proxy_layers.http.Http1Server is guard.GuardedHttp1Server
     # Wakeups a connection layer requests come back to it.
     assert "isinstance(command, commands.RequestWakeup)" in inspect.getsource(
         http_layers.HttpLayer.event_to_child
@@ -149,11 +149,11 @@ class Conn:
     """A GuardedHttp1Server driven as mitmproxy drives it; commands are collected."""
 
     def __init__(self, limits: Limits | None = None) -> None:
-        mitm.set_head_limits(limits or Limits())
-        self.refusals: list[mitm.Refusal] = []
-        mitm.set_refusal_handler(self.refusals.append)
+        guard.set_head_limits(limits or Limits())
+        self.refusals: list[guard.Refusal] = []
+        guard.set_refusal_handler(self.refusals.append)
         client = tflow.tclient_conn()
-        self.layer = mitm.GuardedHttp1Server(Context(client, options.Options()))
+        self.layer = guard.GuardedHttp1Server(Context(client, options.Options()))
         self.commands = list(self.layer.handle_event(events.Start()))
 
     def send(self, data: bytes) -> list[Any]:
@@ -179,13 +179,13 @@ class Conn:
 
 
 @pytest.fixture(autouse=False)
-def guard() -> Iterator[None]:
+def guarded() -> Iterator[None]:
     yield
-    mitm.set_head_limits(Limits())
-    mitm.set_refusal_handler(None)
+    guard.set_head_limits(Limits())
+    guard.set_refusal_handler(None)
 
 
-def test_a_good_request_passes_in_one_piece_or_many(guard: None) -> None:
+def test_a_good_request_passes_in_one_piece_or_many(guarded: None) -> None:
     conn = Conn()
     conn.send(b"GET /v2/images HTTP/1.1\r\nHost: x\r\nX-Scope: {}\r\n\r\n")
     assert [r.path for r in conn.heads()] == ["/v2/images"]
@@ -216,7 +216,7 @@ def test_a_good_request_passes_in_one_piece_or_many(guard: None) -> None:
     ],
 )
 def test_bad_heads_are_the_clients_error(
-    guard: None, head: bytes, status: int, fragment: str
+    guarded: None, head: bytes, status: int, fragment: str
 ) -> None:
     conn = Conn()
     conn.send(head)
@@ -232,7 +232,7 @@ def test_bad_heads_are_the_clients_error(
     assert len(conn.layer.buf) == 0
 
 
-def test_an_endless_head_is_refused_as_soon_as_it_is_too_large(guard: None) -> None:
+def test_an_endless_head_is_refused_as_soon_as_it_is_too_large(guarded: None) -> None:
     conn = Conn(Limits(max_header_bytes=1000, max_request_line=500))
     conn.send(b"GET / HTTP/1.1\r\n")
     for _ in range(100):
@@ -243,7 +243,7 @@ def test_an_endless_head_is_refused_as_soon_as_it_is_too_large(guard: None) -> N
     assert len(conn.layer.buf) == 0
 
 
-def test_a_slow_head_times_out_with_408(guard: None) -> None:
+def test_a_slow_head_times_out_with_408(guarded: None) -> None:
     conn = Conn(Limits(header_timeout=0.05))
     conn.send(b"GET /slow HTTP/1.1\r\nHost:")
     wakeups = [c for c in conn.commands if isinstance(c, commands.RequestWakeup)]
@@ -257,7 +257,7 @@ def test_a_slow_head_times_out_with_408(guard: None) -> None:
     assert (conn.refusals[0].method, conn.refusals[0].path) == ("GET", "/slow")
 
 
-def test_an_idle_connection_is_closed(guard: None) -> None:
+def test_an_idle_connection_is_closed(guarded: None) -> None:
     conn = Conn(Limits(idle_timeout=0.01))
     import time
 
@@ -267,7 +267,7 @@ def test_an_idle_connection_is_closed(guard: None) -> None:
     assert not conn.sent() and not conn.refusals  # closed quietly: no request, no answer
 
 
-def test_one_timer_at_a_time_per_connection(guard: None) -> None:
+def test_one_timer_at_a_time_per_connection(guarded: None) -> None:
     conn = Conn()
     for _ in range(50):
         conn.send(b"GET / HTTP/1.1\r\n")  # a head in progress, many packets
@@ -390,3 +390,50 @@ def test_addon_manager_dispatch_the_fast_one_replaces() -> None:
         assert calls == ["broken", "broken", "later", "update"]
 
     asyncio.run(scenario())
+
+
+def _body_events(conn: Conn) -> list[Any]:
+    return [c.event for c in conn.commands if isinstance(c, ReceiveHttp)]
+
+
+def test_trailer_fields_are_dropped_not_a_crash(guarded: None) -> None:
+    """mitmproxy raises NotImplementedError on trailers (the connection then hangs): the
+    guarded server drops them, and the request ends as any chunked one."""
+    conn = Conn()
+    conn.send(b"POST /v2/images HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    conn.send(b"3\r\nabc\r\n0\r\nHost: evil.example\r\nX-Injected: 1\r\n\r\n")
+    events_seen = _body_events(conn)
+    assert [type(e).__name__ for e in events_seen] == [
+        "RequestHeaders",
+        "RequestData",
+        "RequestEndOfMessage",
+    ]
+    assert events_seen[1].data == b"abc" and not conn.sent()
+    assert conn.heads()[0].headers.get_all("host") == ["x"]
+
+
+def test_over_long_trailers_are_refused_with_431(guarded: None) -> None:
+    conn = Conn(Limits(max_header_bytes=1000, max_request_line=500))
+    conn.send(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX-Big: ")
+    for _ in range(20):
+        conn.send(b"v" * 100)
+    status, _, body = _parse(conn.sent())
+    assert status == 431 and "trailer" in body["error"]["message"]
+    [failed] = [e for e in _body_events(conn) if isinstance(e, RequestProtocolError)]
+    assert guard.BODY_FAILED in failed.message and failed.code == 431
+    assert len(conn.layer.buf) == 0
+
+
+def test_a_body_that_stops_arriving_is_answered_408(guarded: None) -> None:
+    import time
+
+    conn = Conn(Limits(body_timeout=0.05))
+    conn.send(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n12345")
+    time.sleep(0.06)
+    conn.wake()
+    status, _, body = _parse(conn.sent())
+    assert status == 408 and "body_timeout" in body["error"]["message"]
+    [failed] = [e for e in _body_events(conn) if isinstance(e, RequestProtocolError)]
+    assert failed.code == 408
+    assert any(isinstance(c, commands.CloseTcpConnection) for c in conn.commands)
+    assert not conn.send(b"more" * 1000) and len(conn.layer.buf) == 0

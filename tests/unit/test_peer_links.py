@@ -11,8 +11,8 @@ import yaml
 from scoperouter.catalog import Peers
 from scoperouter.config import build_catalog
 from scoperouter.errors import ConfigError
-from scoperouter.proxy.listeners import listeners_for
 from scoperouter.proxy.supervisor import listen_addresses
+from scoperouter.router.listeners import listeners_for
 from scoperouter.routing import Forward, RequestFacts, decide
 
 from .conftest import SAMPLE
@@ -154,119 +154,3 @@ def test_the_pool_drops_peer_connections_before_the_peer_does(
     peer_idle: float, pool_idle: float
 ) -> None:
     assert Peers().idle_seconds(peer_idle) == pytest.approx(pool_idle)
-
-
-def test_the_pool_keeps_peer_links_warm_across_reloads(tmp_path: Path) -> None:
-    from scoperouter.catalog import Settings
-    from scoperouter.proxy.lean import Pool
-
-    pool = Pool()
-    settings = Settings(peers=Peers(warm=3))
-    pool.configure(settings, ["https://127.0.0.3:9443"])
-    warm = pool.warm["https://127.0.0.3:9443"]
-    warm.opening = 2  # connects under way when the config is reloaded
-    pool.configure(Settings(peers=Peers(warm=1)), ["https://127.0.0.3:9443"])
-    assert pool.warm["https://127.0.0.3:9443"] is warm and (warm.count, warm.opening) == (1, 2)
-    assert pool.idle_seconds == {"https://127.0.0.3:9443": 54.0}
-    pool.configure(settings, [])  # the peer left the federation
-    assert pool.warm == {} and pool.idle_seconds == {}
-
-
-# -- the pool's size toward a peer router (scoperouter.proxy.lean.Pool, Warm) ---------------
-
-PEER = "https://127.0.0.3:9443"
-
-
-class _Transport:
-    """What the pool calls on an idle connection's transport."""
-
-    def __init__(self) -> None:
-        self.closed = False
-
-    def close(self) -> None:
-        self.closed = True
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-
-def _pool(warm: int = 2) -> Any:
-    from scoperouter.catalog import Settings
-    from scoperouter.proxy.lean import Pool
-
-    pool = Pool()
-    pool.configure(Settings(peers=Peers(warm=warm)), [PEER])
-    pool.refill = lambda key: None  # opens nothing here (no event loop): the counts are checked
-    return pool
-
-
-def _idle(pool: Any, key: str, n: int) -> list[Any]:
-    """`n` open connections given back to `pool` (as if each had carried an exchange)."""
-    from scoperouter.proxy.lean import UpstreamConnection
-
-    conns = []
-    for _ in range(n):
-        conn = UpstreamConnection(key)
-        conn.transport, conn.open = _Transport(), True  # type: ignore[assignment]
-        pool.give_back(conn)
-        conns.append(conn)
-    return conns
-
-
-def test_a_warm_target_doubles_on_a_miss_and_shrinks_as_connections_expire() -> None:
-    from scoperouter.proxy.lean import POOL_IDLE_MAX, Warm
-
-    warm = Warm("https", "127.0.0.3", 9443, count=2, timeout=5.0, target=2)
-    warm.missed(3)  # a request found none idle with 3 in use, its own included
-    assert warm.target == 6
-    warm.missed(2)  # a smaller burst never lowers it
-    assert warm.target == 6
-    warm.expired(3)
-    assert warm.target == 3
-    warm.expired(10)  # never below the configured warm set
-    assert warm.target == 2
-    off = Warm("https", "127.0.0.3", 9443, count=0, timeout=5.0, target=0)
-    off.missed(40)  # settings.peers.warm: 0 opens nothing ahead, whatever the load
-    assert off.target == 0
-    assert POOL_IDLE_MAX == 64
-
-
-def test_the_pool_lends_peer_connections_least_recently_used_first_and_counts_them() -> None:
-    pool = _pool()
-    first, second, third = _idle(pool, PEER, 3)
-    # All of a peer's connections carry traffic in turn: none sits idle until it expires.
-    assert pool.take(PEER) is first
-    assert pool.lent[PEER] == 1
-    pool.give_back(first)
-    assert pool.lent[PEER] == 0
-    assert [pool.take(PEER) for _ in range(3)] == [second, third, first]
-    assert pool.lent[PEER] == 3
-    assert pool.take(PEER) is None  # none idle: the caller connects (Pool.connect)
-    second.connection_lost(None)  # an exchange's connection that closed is returned too
-    assert pool.lent[PEER] == 2 and second.lender is None
-    second.connection_lost(None)  # once
-    assert pool.lent[PEER] == 2
-
-
-def test_the_pool_lends_a_backends_connections_most_recently_used_first() -> None:
-    backend = "http://127.0.1.2:9292"
-    pool = _pool()
-    first, second = _idle(pool, backend, 2)
-    # A backend's pool shrinks to what the load needs: the least used expire.
-    assert pool.take(backend) is second
-    assert pool.take(backend) is first
-
-
-def test_an_expired_peer_connection_lowers_the_target_one_the_peer_closed_does_not() -> None:
-    import time
-
-    pool = _pool(warm=2)
-    warm = pool.warm[PEER]
-    warm.target = 8
-    conns = _idle(pool, PEER, 3)
-    conns[0].open = False  # the peer closed it: the load still wants it, it is opened again
-    conns[1].idle_since = time.monotonic() - 1000  # unused for longer than the idle time
-    pool.sweep(time.monotonic())
-    assert warm.target == 7
-    assert list(pool.idle[PEER]) == [conns[2]]
-    assert conns[1].transport.closed  # type: ignore[union-attr]

@@ -32,14 +32,14 @@ EXTRAS_ONLY = (
     "scoperouter_lab",
 )
 # What the router's processes import: the CLI (serve, route, check-config), the supervisor,
-# a worker with every addon and both data paths.
+# a worker with its reverse server and its forward proxy.
 ROUTER_MODULES = (
     "scoperouter.cli",
     "scoperouter.proxy.supervisor",
     "scoperouter.proxy.worker",
-    "scoperouter.proxy.engine",
-    "scoperouter.proxy.lean",
-    "scoperouter.proxy.combined",
+    "scoperouter.proxy.reverse",
+    "scoperouter.proxy.forward.engine",
+    "scoperouter.router.combined",
 )
 
 

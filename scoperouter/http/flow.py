@@ -1,0 +1,57 @@
+"""Flow control for one connection, shared by the server and the upstream side (as uvicorn's
+``flow_control.py`` is shared by its protocols).
+
+Reading is paused while what was read waits for the other side (a request body the upstream
+has not taken, answers queued behind a slow client), and a writer waits while the transport's
+write buffer is above asyncio's high-water mark. ``write_paused_since`` lets a sweep find a
+peer that stopped reading.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+
+class FlowControl:
+    __slots__ = ("_transport", "_write_ready", "closed", "read_paused", "write_paused_since")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._write_ready: asyncio.Future[None] | None = None
+        self.read_paused = False
+        self.write_paused_since: float | None = None  # time.monotonic()
+        self.closed = False
+
+    def pause_reading(self) -> None:
+        if not self.read_paused and not self.closed:
+            self.read_paused = True
+            self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.read_paused and not self.closed:
+            self.read_paused = False
+            self._transport.resume_reading()
+
+    def pause_writing(self) -> None:
+        """asyncio's ``Protocol.pause_writing``: the write buffer is full."""
+        if self._write_ready is None:
+            self._write_ready = asyncio.get_running_loop().create_future()
+            self.write_paused_since = time.monotonic()
+
+    def resume_writing(self) -> None:
+        """asyncio's ``Protocol.resume_writing``."""
+        ready, self._write_ready, self.write_paused_since = self._write_ready, None, None
+        if ready is not None and not ready.done():
+            ready.set_result(None)
+
+    async def drain(self) -> None:
+        """Until the write buffer is below the high-water mark (or the connection is lost)."""
+        ready = self._write_ready
+        if ready is not None:
+            await asyncio.shield(ready)
+
+    def lost(self) -> None:
+        """The connection is gone: writers stop waiting (they find it closed)."""
+        self.closed = True
+        self.resume_writing()

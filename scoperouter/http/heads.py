@@ -1,0 +1,154 @@
+"""What a client may send in a request head (and its trailers), and every refusal's answer.
+
+No I/O. The server (:mod:`scoperouter.http.server`) and the forward proxy's guarded mitmproxy
+server refuse the same heads with the same status and message: too many or too large header
+fields (431), a request line too long (414), a head or a body not complete in time (408),
+control characters and obs-fold (400), a request the router cannot serve as a reverse proxy
+(``CONNECT`` 405, ``Upgrade`` 400, asterisk- and authority-form targets 400), a missing or
+repeated ``Host`` (400, RFC 9112 3.2) and a transfer coding other than ``chunked`` (501).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from scoperouter.catalog import Limits
+
+# RFC 9110 5.5: a field value with NUL, CR or LF must be refused; other controls (except HTAB)
+# have no place in OpenStack's headers either. Lines are split on LF and lose their CR first.
+CONTROL = re.compile(rb"[\x00-\x08\x0b-\x1f\x7f]")
+CONTROL_MESSAGE = "the request head contains a control character (NUL, CR or another; RFC 9110 5.5)"
+LINGER_SECONDS = 2.0  # after refusing, read and drop what the client still sends, then close
+# RFC 9110 5.6.2: tchar; a Connection option or a transfer coding is a token.
+TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
+# RFC 3986 authority as a Host value: reg-name / IPv4 / [IPv6], then an optional port.
+_HOST = re.compile(rb"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~!$&'()*+,;=%-]*)(?::[0-9]*)?\Z")
+
+TargetForm = Literal["origin", "absolute", "authority", "asterisk"]
+
+
+def too_many_fields(count: int, limits: Limits) -> str:
+    return (
+        f"the request has {count} header fields; at most {limits.max_headers} are accepted "
+        "(max_headers)"
+    )
+
+
+def too_large(limits: Limits) -> str:
+    return (
+        f"the request head (request line and header fields) is larger than "
+        f"{limits.max_header_bytes} bytes (max_header_bytes)"
+    )
+
+
+def trailers_too_large(limits: Limits) -> str:
+    return (
+        f"the request's chunk headers and trailer fields are larger than "
+        f"{limits.max_header_bytes} bytes (max_header_bytes)"
+    )
+
+
+def line_too_long(limits: Limits) -> str:
+    return f"the request line is longer than {limits.max_request_line} bytes"
+
+
+def too_slow(limits: Limits) -> str:
+    return f"the request head was not complete after {limits.header_timeout:g}s (header_timeout)"
+
+
+def body_too_slow(limits: Limits) -> str:
+    return f"the request body stopped arriving: no byte for {limits.body_timeout:g}s (body_timeout)"
+
+
+def obs_fold(number: int) -> str:
+    return (
+        f"header field {number} is a continuation line (obs-fold, RFC 9112 5.2); "
+        "send each field on one line"
+    )
+
+
+CONNECT_MESSAGE = (
+    "CONNECT is not served here: the router's frontends are not tunnels (RFC 9110 9.3.6); "
+    "send the request itself"
+)
+UPGRADE_MESSAGE = (
+    "the router does not switch protocols: send the request without Upgrade (RFC 9110 7.8)"
+)
+ASTERISK_MESSAGE = (
+    "asterisk-form ('*') asks about a server as a whole; the router answers requests for a "
+    "service's URL only"
+)
+BAD_ABSOLUTE_MESSAGE = "the request target is not a valid absolute URL (RFC 9112 3.2.2)"
+AUTHORITY_MESSAGE = "authority-form targets are for CONNECT only (RFC 9112 3.2.3)"
+NO_HOST_MESSAGE = "an HTTP/1.1 request must have a Host header field (RFC 9112 3.2)"
+MANY_HOSTS_MESSAGE = "the request has more than one Host header field (RFC 9112 3.2)"
+BAD_HOST_MESSAGE = "the Host header field is not a valid authority (RFC 9112 3.2)"
+TE_HTTP10_MESSAGE = "Transfer-Encoding in an HTTP/1.0 request (RFC 9112 6.1)"
+BAD_CONNECTION_MESSAGE = "the Connection header field must be a list of tokens (RFC 9110 7.6.1)"
+
+
+def unknown_coding(value: bytes) -> str:
+    shown = value[:64].decode("latin-1")
+    return (
+        f"transfer coding {shown!r} is not supported: only 'chunked' (RFC 9112 6.1); send the "
+        "body chunked or with a Content-Length"
+    )
+
+
+def target_form(method: bytes, target: bytes) -> TargetForm:
+    """Which of RFC 9112 3.2's four forms a request target is in."""
+    if target.startswith(b"/"):
+        return "origin"
+    if target == b"*":
+        return "asterisk"
+    if method == b"CONNECT" or b"://" not in target:
+        return "authority"
+    return "absolute"
+
+
+@dataclass(frozen=True, slots=True)
+class Absolute:
+    """An absolute-form target split: scheme, authority (lower-case) and origin-form rest."""
+
+    scheme: str
+    authority: str
+    origin_form: bytes
+
+
+def split_absolute(target: bytes) -> Absolute | None:
+    """``http://Host:80/a?b`` -> (``http``, ``host:80``, ``/a?b``); None when malformed."""
+    scheme, _, rest = target.partition(b"://")
+    end = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0), default=len(rest))
+    authority, tail = rest[:end], rest[end:]
+    if not scheme.isalpha() or not authority or _HOST.match(authority) is None:
+        return None  # userinfo ("@") and anything else outside an authority's characters
+    origin = tail if tail.startswith(b"/") else b"/" + tail
+    return Absolute(scheme.decode("ascii").lower(), authority.decode("ascii").lower(), origin)
+
+
+def valid_host(value: bytes) -> bool:
+    return bool(value) and _HOST.match(value) is not None
+
+
+def connection_tokens(value: bytes) -> frozenset[bytes] | None:
+    """The options a Connection field value names (lower-case), None when one is not a token:
+    compared as bytes, never decoded (RFC 9110 5.5: field values are opaque octets)."""
+    found = set()
+    for item in value.split(b","):
+        item = item.strip(b" \t")
+        if not item:
+            continue
+        if TOKEN.match(item) is None:
+            return None
+        found.add(item.lower())
+    return frozenset(found)
+
+
+def split_request_line(line: bytes | bytearray) -> tuple[str, str]:
+    """(method, path without query) of a request line, for logs; "-" for what is unreadable."""
+    parts = bytes(line).split(b" ")
+    method = parts[0].decode("ascii", "replace")[:16] if parts and parts[0] else "-"
+    path = parts[1].partition(b"?")[0].decode("ascii", "replace")[:256] if len(parts) > 1 else "-"
+    return method, path

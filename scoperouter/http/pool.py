@@ -1,0 +1,288 @@
+"""Upstream connections of one process, per origin (scheme, host, port): kept alive, reused,
+opened ahead toward peer routers, verified with TLS.
+
+Idle keep-alive connections are reused (at most :data:`IDLE_MAX` per origin, closed after
+:data:`IDLE_SECONDS` idle, or after the idle time of a peer router's link). A backend's are
+taken most recently used first (the pool shrinks to what the load needs).
+
+Peer routers (the other clouds' routers, on their peer links) are *warm* origins: the pool
+opens :attr:`Warm.count` connections to each at start and keeps that many open (another is
+opened in the background when the peer closed one), so a request finds the TCP and TLS
+handshakes across the WAN done. When a request finds none idle, the target doubles to twice
+the connections then in use (:meth:`Warm.missed`), opened in the background; it shrinks by
+those that reach their idle time unused (:meth:`Warm.expired`). Why a target in all and not a
+number kept idle: each worker process has its own pool, and the kernel spreads a burst of
+client connections over the workers unevenly (``SO_REUSEPORT``: each worker gets a random
+share), so a worker must be ready for more than its usual share, but topping up a number of
+idle ones in the middle of every burst above the usual share would open WAN connections for
+nothing, as long as the largest share kept growing. Warm connections are taken least recently
+used first, so all of them carry traffic and none expires (to be opened again) while the load
+lasts. A failed connect is tried again after :data:`WARM_RETRY_SECONDS`, doubling up to
+:data:`WARM_RETRY_MAX` while it fails (logged once, and once when it works again). Their idle
+time is shorter than the peer's own idle timeout, so the pool never sends on a connection the
+peer is closing.
+
+Connections lent to an exchange are the pool's too until given back: :meth:`Pool.sweep`
+expires those whose response deadline has passed (one sweep per process, no timer per
+request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import ssl
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from scoperouter.http.upstream import Origin, UpstreamConnection
+
+logger = logging.getLogger("scoperouter")
+
+IDLE_MAX = 64  # idle upstream connections kept per origin
+IDLE_SECONDS = 15.0  # an idle upstream connection older than this is closed
+WARM_RETRY_SECONDS = 5.0  # a failed connect ahead to a peer router is tried again after this,
+WARM_RETRY_MAX = 60.0  # doubling up to this while it keeps failing
+
+
+@dataclass(slots=True)
+class Warm:
+    """An origin the pool keeps connections open to ahead of need (a peer router)."""
+
+    count: int  # connections opened ahead at least (settings.peers.warm)
+    timeout: float  # connect timeout
+    opening: int = 0  # connects ahead under way
+    connecting: int = 0  # connects under way for requests that found none idle
+    retry_at: float = 0.0  # after a failed connect: not before (time.monotonic())
+    backoff: float = 0.0  # seconds to the next try while connects fail (doubling), else 0
+    target: int = 0  # connections wanted in all (lent, idle, opening): `count`, grown by load
+
+    def missed(self, lent: int) -> None:
+        """A request found no idle connection (`lent` in use, its own included): keep twice
+        as many from now on, so a burst up to that size again finds them open."""
+        if self.count:
+            self.target = max(self.target, 2 * lent)
+
+    def expired(self, unused: int) -> None:
+        """`unused` idle connections reached their idle time: the load no longer needs them."""
+        self.target = max(self.count, self.target - unused)
+
+
+@dataclass(frozen=True, slots=True)
+class WarmSpec:
+    """How to keep an origin warm (from the config)."""
+
+    count: int
+    connect_timeout: float
+    idle_seconds: float
+
+
+def client_context(cafile: str | None, verify: bool) -> ssl.SSLContext:
+    """A TLS client context: verified against `cafile` (else the system's CAs), the host name
+    checked, unless `verify` is off."""
+    context = ssl.create_default_context(cafile=cafile)
+    context.set_alpn_protocols(["http/1.1"])
+    if not verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def describe_error(exc: BaseException) -> str:
+    """A connection error in words for the client and the log: a failed certificate check says
+    so (and why) rather than OpenSSL's bracketed code."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        why = exc.verify_message or exc.reason or str(exc)
+        return f"TLS certificate verification failed: {why}"
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS handshake failed: {exc.reason or exc}"
+    return str(exc) or type(exc).__name__
+
+
+class Pool:
+    def __init__(self) -> None:
+        self.idle: dict[Origin, collections.deque[UpstreamConnection]] = {}
+        self.lent: dict[Origin, set[UpstreamConnection]] = {}  # carrying an exchange
+        self.tls: ssl.SSLContext | None = None
+        self.peer_tls: ssl.SSLContext | None = None
+        self.warm: dict[Origin, Warm] = {}
+        self.idle_seconds: dict[Origin, float] = {}  # per origin, else IDLE_SECONDS
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    def configure(
+        self,
+        tls: ssl.SSLContext,
+        peer_tls: ssl.SSLContext,
+        warm: Mapping[Origin, WarmSpec],
+    ) -> None:
+        """TLS contexts for backends and for peer routers; the peer routers' origins to keep
+        warm (a reload keeps the connects under way of those it keeps)."""
+        self.tls, self.peer_tls = tls, peer_tls
+        kept: dict[Origin, Warm] = {}
+        for origin, spec in warm.items():
+            entry = self.warm.get(origin) or Warm(spec.count, spec.connect_timeout)
+            entry.count, entry.timeout = spec.count, spec.connect_timeout
+            entry.target = max(entry.target, entry.count) if entry.count else 0
+            kept[origin] = entry
+        self.warm = kept
+        self.idle_seconds = {origin: spec.idle_seconds for origin, spec in warm.items()}
+
+    def lent_count(self, origin: Origin) -> int:
+        return len(self.lent.get(origin, ()))
+
+    def take(self, origin: Origin) -> UpstreamConnection | None:
+        """An idle connection to `origin`, lent to the caller (who gives it back or closes
+        it); None when there is none (then :meth:`connect`)."""
+        idle = self.idle.get(origin)
+        warm = self.warm.get(origin)
+        found = None
+        if idle:
+            limit = self.idle_seconds.get(origin, IDLE_SECONDS)
+            now = time.monotonic()
+            while idle:
+                conn = idle.popleft() if warm is not None else idle.pop()
+                if conn.open and now - conn.idle_since <= limit:
+                    found = conn
+                    break
+                if conn.open and warm is not None:
+                    warm.expired(1)
+                conn.discard()
+        if found is not None:
+            self._lend(found)
+        if warm is not None:
+            self.refill(origin)
+        return found
+
+    def _lend(self, conn: UpstreamConnection) -> None:
+        conn.on_lost = self.returned
+        self.lent.setdefault(conn.origin, set()).add(conn)
+
+    def returned(self, conn: UpstreamConnection) -> None:
+        """`conn`'s exchange is over (given back, or its connection is gone)."""
+        conn.on_lost = None
+        conn.deadline = None
+        lent = self.lent.get(conn.origin)
+        if lent is not None:
+            lent.discard(conn)
+
+    async def _open(self, origin: Origin, timeout: float) -> UpstreamConnection:
+        loop = asyncio.get_running_loop()
+        tls = None
+        if origin.scheme == "https":
+            tls = self.peer_tls if origin in self.warm else self.tls
+        _, conn = await asyncio.wait_for(
+            loop.create_connection(
+                lambda: UpstreamConnection(origin),
+                origin.host,
+                origin.port,
+                ssl=tls,
+                server_hostname=origin.host if tls else None,
+            ),
+            timeout,
+        )
+        return conn
+
+    async def connect(self, origin: Origin, timeout: float) -> UpstreamConnection:
+        """A new connection to `origin`, lent to the caller as :meth:`take`'s (none was
+        idle). TimeoutError after `timeout`; OSError or ssl.SSLError when it fails."""
+        warm = self.warm.get(origin)
+        if warm is None:
+            conn = await self._open(origin, timeout)
+        else:
+            warm.connecting += 1
+            warm.missed(self.lent_count(origin) + warm.connecting)
+            self.refill(origin)
+            try:
+                conn = await self._open(origin, timeout)
+            finally:
+                warm.connecting -= 1
+        self._lend(conn)
+        return conn
+
+    def refill(self, origin: Origin) -> None:
+        """Open connections to a warm origin until its target is lent, idle or opening (at
+        most :data:`IDLE_MAX` idle)."""
+        warm = self.warm.get(origin)
+        if warm is None or self._closed or time.monotonic() < warm.retry_at:
+            return
+        idle = self.idle_count(origin)
+        missing = warm.target - self.lent_count(origin) - warm.connecting - idle - warm.opening
+        for _ in range(min(missing, IDLE_MAX - idle - warm.opening)):
+            warm.opening += 1
+            task = asyncio.get_running_loop().create_task(self._open_ahead(origin, warm))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _open_ahead(self, origin: Origin, warm: Warm) -> None:
+        try:
+            conn = await self._open(origin, warm.timeout)
+        except (OSError, ssl.SSLError, TimeoutError) as exc:
+            if not warm.backoff:  # said once, not at every try
+                logger.warning(
+                    "cannot open connections ahead to the peer router at %s (trying again "
+                    "every %g-%gs): %s",
+                    origin,
+                    WARM_RETRY_SECONDS,
+                    WARM_RETRY_MAX,
+                    describe_error(exc),
+                )
+            warm.backoff = min(WARM_RETRY_MAX, (warm.backoff * 2) or WARM_RETRY_SECONDS)
+            warm.retry_at = time.monotonic() + warm.backoff
+            return
+        finally:
+            warm.opening -= 1
+        if warm.backoff:
+            warm.backoff = 0.0
+            logger.warning("connections ahead to the peer router at %s open again", origin)
+        if self._closed or self.warm.get(origin) is not warm:
+            conn.discard()
+            return
+        self.give_back(conn)
+
+    def give_back(self, conn: UpstreamConnection) -> None:
+        """An exchange is over and its connection may carry another (else it is closed)."""
+        self.returned(conn)
+        if not conn.open:
+            return
+        idle = self.idle.setdefault(conn.origin, collections.deque())
+        if len(idle) >= IDLE_MAX or self._closed:
+            conn.discard()
+            return
+        conn.idle_since = time.monotonic()
+        idle.append(conn)
+
+    def sweep(self, now: float) -> None:
+        """Expire the exchanges past their response deadline (each tick)."""
+        for lent in self.lent.values():
+            for conn in [c for c in lent if c.deadline is not None and now >= c.deadline]:
+                conn.expire()
+
+    def tidy(self, now: float) -> None:
+        """Close idle connections past their idle time; top warm origins up (less often)."""
+        for origin, idle in self.idle.items():
+            limit = self.idle_seconds.get(origin, IDLE_SECONDS)
+            gone = [c for c in idle if now - c.idle_since > limit or not c.open]
+            warm = self.warm.get(origin)
+            if warm is not None:
+                warm.expired(sum(1 for c in gone if c.open))  # not those the peer closed
+            for conn in gone:
+                idle.remove(conn)
+                conn.discard()
+        for origin in self.warm:
+            self.refill(origin)
+
+    def idle_count(self, origin: Origin) -> int:
+        """Idle connections to `origin` that are still open."""
+        return sum(1 for conn in self.idle.get(origin, ()) if conn.open)
+
+    def close(self) -> None:
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        for idle in self.idle.values():
+            for conn in idle:
+                conn.discard()
+        self.idle.clear()

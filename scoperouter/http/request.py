@@ -1,0 +1,117 @@
+"""A request as the application gets it from the server: its head, checked, and its body
+arriving (:class:`Body`, with back-pressure); a head refused before any request existed
+(:class:`Refusal`); the ways a body fails (:class:`BodyError`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from scoperouter.errors import ClientGone
+from scoperouter.http.wire import Fields
+
+HIGH_WATER = 256 * 1024  # request body bytes buffered before reading from the client pauses
+
+
+class Reader(Protocol):
+    """The connection a body is read from."""
+
+    @property
+    def closed(self) -> bool: ...
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+
+
+class BodyError(Exception):
+    """The client's request body failed: malformed (400), too slow (408), chunk headers or
+    trailers too large (431). Raised by :meth:`Body.get`."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Refusal:
+    """A head the server refused before the application saw a request."""
+
+    status: int
+    message: str
+    method: str
+    path: str
+    started: float  # time.monotonic() of the head's first byte
+    client_address: str | None
+    extra: Fields = field(default_factory=list)  # more answer fields (Allow of a 405)
+
+
+class Body:
+    """A request body on its way from the client: chunks queued, reading paused while more
+    than :data:`HIGH_WATER` bytes wait (resumed as they are taken)."""
+
+    __slots__ = ("_waiter", "chunks", "conn", "done", "error", "size")
+
+    def __init__(self, conn: Reader) -> None:
+        self.conn = conn
+        self.chunks: collections.deque[bytes] = collections.deque()
+        self.size = 0
+        self.done = False
+        self.error: BodyError | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, data: bytes) -> None:
+        self.chunks.append(data)
+        self.size += len(data)
+        if self.size > HIGH_WATER:
+            self.conn.pause_reading()
+        self.wake()
+
+    def finish(self, error: BodyError | None = None) -> None:
+        if not self.done:
+            self.done, self.error = True, error
+        self.wake()
+
+    def wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def get(self) -> bytes | None:
+        """The next chunk; None at the end (:class:`BodyError`, :class:`ClientGone`)."""
+        while not self.chunks:
+            if self.done:
+                if self.error is not None:
+                    raise self.error
+                return None
+            if self.conn.closed:
+                raise ClientGone()
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        data = self.chunks.popleft()
+        self.size -= len(data)
+        if self.size <= HIGH_WATER // 2:
+            self.conn.resume_reading()
+        return data
+
+
+@dataclass(slots=True, kw_only=True)
+class Request:
+    """A request whose head is complete and checked (its body may still be arriving)."""
+
+    method: str
+    target: bytes  # origin-form (an absolute-form target's path and query)
+    authority: str | None  # an absolute-form target's authority (lower-case), else None
+    version: str  # "1.1", "1.0"
+    fields: Fields  # the head's fields as received (never trailer fields)
+    headers: dict[str, str]  # lower-case name -> value (utf-8, surrogateescape), joined
+    connection: frozenset[bytes]  # the options Connection names (lower-case)
+    keep_alive: bool
+    chunked: bool
+    length: int | None  # Content-Length, if given
+    body: Body
+    started: float  # time.monotonic() of the head's first byte
+
+    @property
+    def has_body(self) -> bool:
+        return self.chunked or bool(self.length)

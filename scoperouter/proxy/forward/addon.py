@@ -1,0 +1,321 @@
+"""The forward proxy's adapter: mitmproxy's hooks calling the router's pipeline.
+
+A service of this cloud sends its HTTP calls here (``HTTP_PROXY``): the request names an
+absolute URL. Each hook is one step of :class:`~scoperouter.router.pipeline.Pipeline`, in its
+order:
+
+* ``requestheaders``: the facts (the absolute URL), :meth:`~Pipeline.route`, then for one
+  cloud :meth:`~Pipeline.prepare` (breaker, token swap, loop) and the flow pointed at the
+  plan's URL with its header edits (the client's ``Host`` is kept); a refusal is answered
+  here (a streamed body's through the error path, :data:`REJECT_HOST`);
+* ``request``: ``A & B`` / ``A | B`` answered by :meth:`~Pipeline.combine` (bodies up to
+  mitmproxy's streaming threshold); the response timeout starts;
+* ``responseheaders``: the upstream answered (:meth:`~Pipeline.succeeded`);
+* ``response``: the catalog region of a token validation, then :meth:`~Pipeline.done`;
+* ``error``: the failure worded by :meth:`~Pipeline.failed` (or the client's own fault: it
+  went away, 499; its body was malformed, 400, or stopped, 408), then :meth:`~Pipeline.done`;
+* ``http_connect``: ``CONNECT`` is refused (403) and logged;
+* ``server_connect``: the connect timeout starts.
+
+Timeouts are checked by the worker's sweep (:meth:`ForwardAddon.sweep`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from mitmproxy import http
+from mitmproxy.connection import Client
+from mitmproxy.proxy import server_hooks
+
+from scoperouter.errors import Reject, status_title
+from scoperouter.proxy.forward import guard, mitm
+from scoperouter.proxy.forward.timeouts import Deadlines
+from scoperouter.router.failures import CLIENT_GONE, CLIENT_GONE_STATUS, TimedOut
+from scoperouter.router.pipeline import Pipeline, Plan
+from scoperouter.router.region import regioned
+from scoperouter.router.state import REQUEST_ID_HEADER, RequestState, new_state
+from scoperouter.routing import Combined, Failover, FanOut, RequestFacts
+
+logger = logging.getLogger("scoperouter")
+
+META = "scoperouter"
+REJECT_HOST = "reject.scoperouter.invalid"
+"""Where a refused request with a streamed body is sent: ``server_connect`` fails that
+connection before any I/O, and the client gets the refusal through the error path."""
+STREAM_LIMIT = 1024 * 1024  # engine.BASE_OPTIONS["stream_large_bodies"]
+COMBINED_TOO_LARGE = (
+    "a scope combining clouds ('&', '|') needs the request body whole: on this path at most "
+    "1 MiB with a Content-Length; name one cloud for large or chunked uploads"
+)
+CONNECT_REFUSED = (
+    "CONNECT tunnels are not supported by the forward proxy of {cloud}: send plain http:// "
+    "requests through it, or call the https frontend directly"
+)
+
+
+@dataclass(slots=True, eq=False)
+class _Flow:
+    """What the adapter keeps of one request (in ``flow.metadata``)."""
+
+    state: RequestState
+    deadlines: Deadlines
+    plan: Plan | None = None
+
+
+class ForwardAddon:
+    name = "scoperouter"
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self.config = pipeline.config
+        self.inflight: dict[str, _Flow] = {}  # client connection id -> its request
+
+    # -- lifecycle and connections
+
+    def running(self) -> None:
+        guard.set_refusal_handler(self.pipeline.refused)
+
+    def done(self) -> None:
+        guard.set_refusal_handler(None)
+
+    def client_connected(self, client: Client) -> None:
+        self.pipeline.metrics.opened()
+
+    def client_disconnected(self, client: Client) -> None:
+        self.pipeline.metrics.closed()
+        self.inflight.pop(client.id, None)
+
+    def busy(self) -> set[str]:
+        """Client connections with a request in progress (draining lets them finish)."""
+        return set(self.inflight)
+
+    def sweep(self, now: float) -> None:
+        """Look at every request in flight once (the worker's sweep calls this)."""
+        now_wall = time.time()
+        for entry in list(self.inflight.values()):
+            with contextlib.suppress(Exception):  # one request must not stop the sweep
+                entry.deadlines.check(entry.state, now_wall, now)
+
+    # -- a request
+
+    async def requestheaders(self, flow: http.HTTPFlow) -> None:
+        request = flow.request
+        path = request.path.partition("?")[0]
+        url = f"{request.scheme}://{request.host}:{request.port}{path}"
+        state = new_state(request.method, url, _header_map(request.headers))
+        entry = _Flow(state, Deadlines(flow.client_conn))
+        flow.metadata[META] = entry
+        self.inflight[flow.client_conn.id] = entry
+        facts = RequestFacts(
+            method=request.method,
+            scheme=request.scheme,
+            host=request.host,
+            port=request.port,
+            path=request.path,
+            headers=state.headers,
+            mode="forward",
+        )
+        decision = self.pipeline.route(facts, state)
+        if isinstance(decision, FanOut | Failover):
+            state.decision = decision
+            length = state.headers.get("content-length", "")
+            if (
+                request.stream
+                or _chunked(state)
+                or (length.isdigit() and int(length) > STREAM_LIMIT)
+            ):
+                _answer(flow, state, Reject(413, COMBINED_TOO_LARGE))
+            return
+        if isinstance(decision, Reject):
+            _answer(flow, state, decision)
+            return
+        planned = await self.pipeline.prepare(decision, state)
+        if isinstance(planned, Reject):
+            _answer(flow, state, planned)
+            return
+        entry.plan = planned
+        request.scheme = planned.scheme
+        request.data.host = planned.host
+        request.data.port = planned.port
+        request.path = planned.target
+        _set_headers(
+            request.headers,
+            {**decision.set_headers, **planned.edits, REQUEST_ID_HEADER: state.request_id},
+        )
+        if request.stream or _chunked(state):
+            # The body streams upstream (chunked bodies from the first byte, rather than after
+            # buffering 1 MiB): the response timeout watches its progress from now on.
+            entry.deadlines.start_response(planned.response_timeout)
+            request.stream = entry.deadlines.progress
+
+    def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
+        server = data.server
+        if server.error or server.address is None:
+            return
+        if server.address[0] == REJECT_HOST:
+            server.error = "refused by the router"
+            return
+        entry = self.inflight.get(data.client.id)
+        if entry is not None and entry.plan is not None:
+            entry.deadlines.connecting(server, entry.plan.connect_timeout)
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        entry = _entry(flow)
+        if entry is None or flow.response is not None:
+            return
+        decision = entry.state.decision
+        if isinstance(decision, FanOut | Failover):
+            await self._combine(flow, entry.state, decision)
+        elif entry.plan is not None:  # the whole body is sent: from now on, the response
+            entry.deadlines.start_response(entry.plan.response_timeout)
+            if entry.deadlines.server is None:
+                entry.deadlines.server = flow.server_conn
+
+    async def _combine(self, flow: http.HTTPFlow, state: RequestState, decision: Combined) -> None:
+        request = flow.request
+        base = f"{request.scheme}://{request.host}:{request.port}"  # merged next links
+        reply = await self.pipeline.combine(
+            decision, state, request.method, state.headers, request.raw_content or b"", base
+        )
+        headers = [
+            (name.encode("latin-1"), value.encode("utf-8", "surrogateescape"))
+            for name, value in reply.headers.items()
+            if name != "content-length"
+        ]
+        headers.append((REQUEST_ID_HEADER.encode(), state.request_id.encode()))
+        bodiless = request.method == "HEAD" or reply.status in (204, 304)
+        response = http.Response.make(reply.status, b"" if bodiless else reply.body, headers)
+        response.reason = status_title(reply.status)
+        flow.response = response
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        entry = _entry(flow)
+        if entry is None or flow.response is None:
+            return
+        entry.deadlines.stop()
+        _set_headers(flow.response.headers, {REQUEST_ID_HEADER: entry.state.request_id})
+        if entry.plan is not None:
+            self.pipeline.succeeded(entry.plan.decision)
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        entry = _entry(flow)
+        if entry is None:
+            return
+        response = flow.response
+        status = response.status_code if response is not None else 0
+        region = entry.plan.decision.catalog_region if entry.plan is not None else None
+        if region and response is not None and not response.stream:
+            content_type = response.headers.get("content-type", "")
+            body = regioned(response.content or b"", region, status, content_type)
+            if body is not None:
+                response.content = body
+        self._finish(flow, entry, status, None)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        entry = _entry(flow)
+        if entry is None or flow.error is None:
+            return
+        entry.deadlines.stop()
+        state = entry.state
+        failed = mitm.body_failure(flow)
+        if mitm.client_went_away(flow):
+            state.status, state.message = CLIENT_GONE_STATUS, CLIENT_GONE
+        elif failed is not None:
+            state.status, state.message = failed
+        elif mitm.client_protocol_error(flow):
+            state.status, state.message = 400, f"malformed request body: {flow.error.msg}"
+            mitm.set_error_response(flow, 400, state.message)
+        elif isinstance(state.decision, Reject):
+            state.status, state.message = state.decision.status, state.decision.message
+            mitm.set_error_response(flow, state.status, state.message)
+        elif entry.plan is not None:
+            # Used only if mitmproxy renders an error response now (not when the response had
+            # already started, e.g. an upstream that dies in the middle of a body).
+            server = flow.server_conn
+            reject = self.pipeline.failed(
+                entry.plan,
+                state.timed_out or _timed_out(flow.error.msg),
+                flow.error.msg,
+                connected=server.timestamp_tcp_setup is not None,
+            )
+            state.status, state.message = reject.status, reject.message
+            mitm.set_error_response(flow, reject.status, reject.message)
+        self._finish(flow, entry, state.status or 0, flow.error.msg)
+
+    def http_connect(self, flow: http.HTTPFlow) -> None:
+        request = flow.request
+        state = new_state(request.method, f"{request.host}:{request.port}", {})
+        reject = Reject(403, CONNECT_REFUSED.format(cloud=self.config.cloud))
+        state.decision = reject
+        flow.response = _json_response(reject)
+        self.pipeline.done(state, reject.status)
+
+    def _finish(self, flow: http.HTTPFlow, entry: _Flow, status: int, error: str | None) -> None:
+        self.pipeline.done(entry.state, status, error)
+        if self.inflight.get(flow.client_conn.id) is entry:
+            del self.inflight[flow.client_conn.id]
+
+
+def _entry(flow: http.HTTPFlow) -> _Flow | None:
+    entry = flow.metadata.get(META)
+    return entry if isinstance(entry, _Flow) else None
+
+
+def _timed_out(message: str) -> TimedOut | None:
+    return "connect" if mitm.CONNECT_TIMEOUT_MESSAGE in message else None
+
+
+def _answer(flow: http.HTTPFlow, state: RequestState, reject: Reject) -> None:
+    """Answer the request with `reject` (OpenStack JSON); nothing is sent upstream."""
+    state.decision = reject
+    request = flow.request
+    if request.stream or _chunked(state):
+        # A body too large to buffer is on its way: mitmproxy cannot answer from a hook while
+        # it streams, so send the request nowhere (see server_connect) and answer through the
+        # error path, closing the connection.
+        request.headers.pop("expect", None)  # no "100 Continue" for a refused body
+        request.stream = True  # fail now, not after buffering the first MiB
+        request.scheme = "http"
+        request.data.host = REJECT_HOST
+        request.data.port = 9
+        return
+    flow.response = _json_response(reject)
+
+
+def _json_response(reject: Reject) -> http.Response:
+    """The response for `reject`: OpenStack JSON, with the standard reason phrase."""
+    response = http.Response.make(
+        reject.status, reject.body(), {"Content-Type": "application/json"}
+    )
+    response.reason = reject.title  # mitmproxy's table lacks some (508 Loop Detected)
+    return response
+
+
+def _chunked(state: RequestState) -> bool:
+    return "chunked" in state.headers.get("transfer-encoding", "").lower()
+
+
+def _header_map(headers: http.Headers) -> dict[str, str]:
+    """Lower-case name -> value (repeated fields joined with ", "), in one pass over the
+    fields: a lookup by name in mitmproxy's Headers scans them all."""
+    found: dict[str, str] = {}
+    for raw_name, raw_value in headers.fields:
+        name = raw_name.decode("latin-1").lower()
+        value = raw_value.decode("utf-8", "surrogateescape")
+        found[name] = f"{found[name]}, {value}" if name in found else value
+    return found
+
+
+def _set_headers(headers: http.Headers, edits: Mapping[str, str]) -> None:
+    """Set these fields (lower-case names), replacing any of the same name, in one pass."""
+    names = {name.encode("latin-1") for name in edits}
+    kept = tuple(field for field in headers.fields if field[0].lower() not in names)
+    headers.fields = kept + tuple(
+        (name.encode("latin-1"), value.encode("utf-8", "surrogateescape"))
+        for name, value in edits.items()
+    )

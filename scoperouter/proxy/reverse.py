@@ -1,0 +1,416 @@
+"""The reverse-mode server of one worker: the frontends and the peer link, on the router's own
+HTTP/1.1 layer (:mod:`scoperouter.http`), each request handed to the router's pipeline
+(:mod:`scoperouter.router.pipeline`).
+
+This module wires the two and does nothing else: it listens (on the supervisor's sockets; an
+https frontend tells TLS from plain HTTP by a connection's first byte), keeps the HTTP
+server's limits in step with the config, and is the pipeline's :class:`Engine` for each
+request: it sends on the worker's pool with the one exchange client
+(:func:`scoperouter.http.client.exchange`) and relays the answer, and it sends the parts of
+``A & B`` / ``A | B`` the same way (:func:`transmit`). Deadlines are checked by the worker's
+sweep (:meth:`ReverseServer.check`), not by a timer per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+from collections.abc import Iterable, Mapping
+
+from scoperouter.catalog import Catalog, Frontend
+from scoperouter.errors import Reject, status_title
+from scoperouter.http import client, wire
+from scoperouter.http.client import Answer, ExchangeError
+from scoperouter.http.pool import Pool, WarmSpec, client_context
+from scoperouter.http.request import BodyError, Refusal, Request
+from scoperouter.http.server import ClientConnection, ServerState
+from scoperouter.http.upstream import TOO_LARGE, Head, Origin
+from scoperouter.router import fanout
+from scoperouter.router.combined import BODY_TOO_LARGE, Outgoing, Received, TransmitError
+from scoperouter.router.config import RouterConfig
+from scoperouter.router.failures import TimedOut
+from scoperouter.router.listeners import Listener
+from scoperouter.router.pipeline import Incoming, Outcome, Pipeline, Plan
+from scoperouter.router.region import REGION_MAX, regioned
+from scoperouter.router.state import REQUEST_ID_HEADER, RequestState
+from scoperouter.router.targets import split_url
+from scoperouter.routing import FRONTEND_HEADER
+
+logger = logging.getLogger("scoperouter")
+
+_REQUEST_ID = REQUEST_ID_HEADER.encode()
+_REQUEST_ID_FIELD = b"X-Scope-Request-Id"
+_NOT_FORWARDED = wire.HOP_BY_HOP | {_REQUEST_ID, FRONTEND_HEADER.encode()}
+_TIMED_OUT: dict[str, TimedOut] = {"connect_timeout": "connect", "timeout": "response"}
+
+
+class ReverseServer:
+    """The reverse-mode listeners of one worker."""
+
+    def __init__(self, config: RouterConfig, pipeline: Pipeline, pool: Pool) -> None:
+        self.config = config
+        self.pipeline = pipeline
+        self.pool = pool
+        self.state = ServerState(config.current().settings.limits)
+        self.state.on_open = pipeline.metrics.opened
+        self.state.on_close = pipeline.metrics.closed
+        self.servers: list[asyncio.AbstractServer] = []
+        self.acceptors: list[asyncio.Task[None]] = []  # https frontends' accept loops
+        self.sniffing: set[asyncio.Task[None]] = set()  # connections not yet told apart
+        config.subscribe(self._configure)
+
+    def _configure(self, catalog: Catalog) -> None:
+        self.state.limits = catalog.settings.limits
+
+    async def start(
+        self, listeners: Iterable[Listener], sockets: Mapping[tuple[str, int], socket.socket]
+    ) -> None:
+        """Serve `listeners` on the supervisor's `sockets` (bound here when there is none)."""
+        loop = asyncio.get_running_loop()
+        for listener in listeners:
+            frontend = listener.frontend
+            assert frontend is not None
+            sock = sockets.get((listener.host.lower(), listener.port))
+            if sock is None:
+                sock = socket.create_server(
+                    (listener.host, listener.port), backlog=1024, reuse_port=True
+                )
+            app = _Site(self, listener)
+            context = frontend_context(frontend)
+            if context is None:
+
+                def factory(app: _Site = app) -> ClientConnection:
+                    return ClientConnection(self.state, app)
+
+                self.servers.append(await loop.create_server(factory, sock=sock, backlog=1024))
+            else:
+                self.acceptors.append(loop.create_task(self._accept(sock, app, context)))
+
+    async def _accept(self, sock: socket.socket, app: _Site, context: ssl.SSLContext) -> None:
+        """An https frontend: each connection's first byte says whether the client speaks TLS
+        (a handshake record) or plain HTTP, which the pipeline answers with a 400."""
+        loop = asyncio.get_running_loop()
+        sock.setblocking(False)
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(sock)
+            except OSError as exc:
+                logger.warning("accepting a connection failed: %s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            task = loop.create_task(self._sniff(conn, app, context))
+            self.sniffing.add(task)
+            task.add_done_callback(self.sniffing.discard)
+
+    async def _sniff(self, conn: socket.socket, app: _Site, context: ssl.SSLContext) -> None:
+        loop = asyncio.get_running_loop()
+        conn.setblocking(False)
+        readable: asyncio.Future[None] = loop.create_future()
+        fd = conn.fileno()
+
+        def ready() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        loop.add_reader(fd, ready)
+        try:
+            await asyncio.wait_for(readable, self.state.limits.header_timeout)
+            first = conn.recv(1, socket.MSG_PEEK)
+        except (TimeoutError, OSError):
+            conn.close()
+            return
+        finally:
+            loop.remove_reader(fd)
+        if not first:
+            conn.close()
+            return
+        tls = first[0] == 0x16  # a TLS handshake record
+        try:
+            await loop.connect_accepted_socket(
+                lambda: ClientConnection(self.state, app, tls=tls),
+                conn,
+                ssl=context if tls else None,
+                ssl_handshake_timeout=self.state.limits.header_timeout if tls else None,
+            )
+        except (OSError, ssl.SSLError, TimeoutError) as exc:
+            logger.info("TLS handshake with a client failed: %s", exc)
+            conn.close()
+
+    def check(self, now: float) -> None:
+        """The connections' deadlines (head, body, unread answer, idle)."""
+        for conn in list(self.state.connections):
+            try:
+                conn.check(now)
+            except Exception:  # one connection must not stop the sweep
+                logger.exception("checking a connection's deadlines failed")
+
+    def stop_listening(self) -> None:
+        for server in self.servers:
+            server.close()
+        for task in self.acceptors:
+            task.cancel()
+        self.servers, self.acceptors = [], []
+
+    def busy(self) -> bool:
+        return any(conn.busy or conn.queue for conn in self.state.connections)
+
+    def drain_step(self, late: bool) -> None:
+        """Close idle connections (all of them once `late`); busy ones close after their
+        answer."""
+        for conn in list(self.state.connections):
+            conn.draining = True
+            if late:
+                conn.abort()
+            elif not conn.busy and not conn.queue:
+                conn.close()
+
+
+class _Site:
+    """The application of one listener (:class:`scoperouter.http.server.Application`)."""
+
+    def __init__(self, server: ReverseServer, listener: Listener) -> None:
+        self.server = server
+        self.listener = listener
+
+    async def handle(self, conn: ClientConnection, request: Request) -> bool:
+        incoming = Incoming(
+            method=request.method,
+            target=request.target.decode("latin-1"),
+            authority=request.authority,
+            headers=request.headers,
+            listener=self.listener,
+            tls=conn.tls,
+            started=request.started,
+        )
+        engine = _Answering(self.server, conn, request)
+        await self.server.pipeline.handle(incoming, engine)
+        return engine.keep and not conn.closed
+
+    def refused(self, conn: ClientConnection, refusal: Refusal) -> None:
+        self.server.pipeline.refused(refusal)
+
+
+class _Answering:
+    """The pipeline's engine for one request (:class:`scoperouter.router.pipeline.Engine`)."""
+
+    def __init__(self, server: ReverseServer, conn: ClientConnection, request: Request) -> None:
+        self.server = server
+        self.conn = conn
+        self.request = request
+        self.keep = request.keep_alive
+
+    def _continue(self) -> None:
+        """``Expect: 100-continue``: the body is wanted (the request is routed and admitted)."""
+        if self.request.headers.get("expect", "").lower() == "100-continue":
+            self.conn.write(wire.CONTINUE)
+
+    async def send(self, plan: Plan) -> Outcome:
+        request, conn, pool = self.request, self.conn, self.server.pool
+        state = plan.state
+        self._continue()
+        try:
+            answer = await client.exchange(
+                pool,
+                Origin(plan.scheme, plan.host, plan.port),
+                _request_head(request, plan),
+                method=request.method,
+                body=request.body if request.has_body else None,
+                chunked=request.chunked,
+                connect_timeout=plan.connect_timeout,
+                response_timeout=plan.response_timeout,
+                client=conn,
+                informational=self._informational,
+            )
+        except ExchangeError as exc:
+            self.keep = self.keep and request.body.done
+            return Outcome(
+                failed=True,
+                timed_out=_TIMED_OUT.get(exc.kind),
+                reason=exc.reason,
+                connected=exc.connected,
+            )
+        except BodyError as exc:
+            state.status, state.message = exc.status, exc.message
+            self.keep = False
+            conn.write(wire.error_response(exc.status, exc.message, True, self._id(state)))
+            return Outcome(status=exc.status, error=exc.message)
+        self.server.pipeline.succeeded(plan.decision)
+        try:
+            body = await self._regioned(plan, answer)
+            self.keep = await client.relay(
+                answer,
+                conn,
+                method=request.method,
+                version=request.version,
+                keep=self.keep and not conn.draining,
+                extra=self._id(state),
+                body=body,
+            )
+        except ExchangeError as exc:
+            # The upstream failed in the middle of its answer: the client's connection is cut
+            # (it must not take a truncated body for a whole one).
+            conn.abort()
+            self.keep = False
+            return Outcome(status=answer.status, error=exc.reason)
+        finally:
+            client.finish(pool, answer)
+        if not request.body.done:
+            self.keep = False  # answered before the body was read: the rest is not read
+        return Outcome(status=answer.status)
+
+    async def _regioned(self, plan: Plan, answer: Answer) -> bytes | None:
+        """A token validation another cloud answered: its body with the catalog region
+        twins (small JSON answers only), else None (the answer streams as it is)."""
+        region = plan.decision.catalog_region
+        if not region or answer.status != 200 or self.request.method == "HEAD":
+            return None
+        found = wire.field_map(answer.fields)
+        length = found.get(b"content-length", b"")
+        if not length.isdigit() or int(length) > REGION_MAX:
+            return None
+        body = await client.read_whole(answer, plan.response_timeout)
+        content_type = found.get(b"content-type", b"").decode("latin-1")
+        return regioned(body, region, answer.status, content_type) or body
+
+    def _informational(self, head: Head) -> None:
+        status, reason, fields = head
+        if status != 100 and self.request.version == "1.1":
+            self.conn.write(wire.render(status, reason.decode("latin-1"), fields))
+
+    async def read_body(self, limit: int) -> bytes | Reject:
+        self._continue()
+        body = bytearray()
+        try:
+            while (chunk := await self.request.body.get()) is not None:
+                body += chunk
+                if len(body) > limit:
+                    self.keep = False
+                    return Reject(413, BODY_TOO_LARGE)
+        except BodyError as exc:
+            self.keep = False
+            return Reject(exc.status, exc.message)
+        return bytes(body)
+
+    async def reply(self, state: RequestState, reply: fanout.Reply) -> None:
+        request, conn = self.request, self.conn
+        self.keep = self.keep and not conn.draining and request.body.done
+        status = reply.status
+        fields = [
+            (name.encode("latin-1"), value.encode("utf-8", "surrogateescape"))
+            for name, value in reply.headers.items()
+            if name != "content-length"
+        ]
+        payload = reply.body
+        if wire.bodiless(request.method, status):
+            payload = b""
+            length = reply.headers.get("content-length")
+            if length is not None and request.method == "HEAD":
+                fields.append((b"Content-Length", length.encode("latin-1")))
+        else:
+            fields.append((b"Content-Length", b"%d" % len(payload)))
+        fields += self._id(state)
+        if not self.keep:
+            fields.append((b"Connection", b"close"))
+        conn.write(wire.render(status, status_title(status), fields, payload))
+        await conn.drain()
+
+    async def refuse(self, state: RequestState, reject: Reject) -> None:
+        close = not self.keep or not self.request.body.done or self.conn.draining
+        self.keep = not close
+        self.conn.write(wire.error_response(reject.status, reject.message, close, self._id(state)))
+        await self.conn.drain()
+
+    @staticmethod
+    def _id(state: RequestState) -> list[tuple[bytes, bytes]]:
+        return [(_REQUEST_ID_FIELD, state.request_id.encode())]
+
+
+def _request_head(request: Request, plan: Plan) -> bytes:
+    """The head sent upstream: the client's head fields (never its trailers), without the
+    hop-by-hop ones, those its Connection names and those the plan sets, then the plan's."""
+    decision = plan.decision
+    edits = {**decision.set_headers, **plan.edits, REQUEST_ID_HEADER: plan.state.request_id}
+    drop = _NOT_FORWARDED | request.connection | {name.encode() for name in edits}
+    lines = [f"{request.method} {plan.target} HTTP/1.1\r\n".encode("latin-1")]
+    lines += [b"%s: %s\r\n" % f for f in request.fields if f[0].lower() not in drop]
+    if "host" not in request.headers and "host" not in edits:
+        lines.append(f"Host: {plan.host}:{plan.port}\r\n".encode("latin-1"))
+    for name, value in edits.items():
+        lines.append(b"%s: %s\r\n" % (name.encode(), value.encode("utf-8", "surrogateescape")))
+    if request.chunked:
+        lines.append(b"Transfer-Encoding: chunked\r\n")
+    elif request.length is not None:
+        lines.append(b"Content-Length: %d\r\n" % request.length)
+    lines.append(b"\r\n")
+    return b"".join(lines)
+
+
+async def transmit(pool: Pool, out: Outgoing) -> Received:
+    """One part of a combined request on the worker's pool, its answer read whole
+    (:data:`scoperouter.router.combined.Transmit`)."""
+    fields = [
+        (name.encode("latin-1"), value.encode("utf-8", "surrogateescape"))
+        for name, value in out.headers.items()
+    ]
+    head = wire.render_request(out.method, out.target, fields)
+    try:
+        answer = await client.exchange(
+            pool,
+            Origin(out.scheme, out.host, out.port),
+            head,
+            method=out.method,
+            body=out.body,
+            connect_timeout=out.connect_timeout,
+            response_timeout=out.response_timeout,
+        )
+    except ExchangeError as exc:
+        raise TransmitError(exc.kind, exc.reason, answered=False) from None
+    try:
+        body = await client.read_whole(answer, out.response_timeout)
+    except ExchangeError as exc:
+        kind = "too_large" if exc.reason == TOO_LARGE else exc.kind
+        raise TransmitError(kind, exc.reason, answered=True) from None
+    finally:
+        client.finish(pool, answer)
+    return Received(answer.status, answer.fields, body)
+
+
+def configure_pool(pool: Pool, catalog: Catalog, cloud: str) -> None:
+    """The pool's TLS and the peer routers it keeps warm, from the config."""
+    settings = catalog.settings
+    spec = WarmSpec(
+        settings.peers.warm,
+        settings.peer_connect_timeout,
+        settings.peers.idle_seconds(settings.limits.idle_timeout),
+    )
+    warm = {}
+    for url in peer_links(catalog, cloud):
+        scheme, host, port, _ = split_url(url)
+        warm[Origin(scheme, host, port)] = spec
+    pool.configure(
+        client_context(settings.ca_bundle, settings.verify),
+        client_context(settings.peers.ca or settings.ca_bundle, settings.verify),
+        warm,
+    )
+
+
+def peer_links(catalog: Catalog, cloud: str) -> list[str]:
+    """The other clouds' peer links (base URLs): the pool's warm origins, verified with the
+    federation's CA (``settings.peers.ca``)."""
+    return [
+        other.peer.url.base
+        for name, other in catalog.clouds.items()
+        if name != cloud and other.peer is not None
+    ]
+
+
+def frontend_context(frontend: Frontend) -> ssl.SSLContext | None:
+    """The TLS context of an https frontend (its certificate and key), else None."""
+    if frontend.url.scheme != "https" or frontend.cert is None or frontend.key is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(frontend.cert, frontend.key)
+    context.set_alpn_protocols(["http/1.1"])
+    return context

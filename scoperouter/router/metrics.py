@@ -1,0 +1,133 @@
+"""The router's Prometheus metrics (prometheus-client), and :class:`Metrics`, which keeps them.
+
+Each worker process updates them; with several workers the supervisor sets
+``PROMETHEUS_MULTIPROC_DIR`` before they start, so values go to files there and the supervisor's
+``/metrics`` endpoint adds them up (gauges as documented per metric). Label values are bounded:
+service types and cloud names come from the config, statuses from HTTP.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from scoperouter.catalog import Catalog
+from scoperouter.router.config import RouterConfig
+from scoperouter.router.health import Upstream, UpstreamHealth
+from scoperouter.router.state import HeadRefusal, RequestState
+from scoperouter.routing import Failover, FanOut, Forward
+
+REQUESTS = Counter(
+    "scoperouter_requests",
+    "Requests answered, by service type, target cloud, decision (local, remote, refused) and "
+    "HTTP status ('-': no service or cloud).",
+    ["service", "cloud", "decision", "status"],
+)
+DURATION = Histogram(
+    "scoperouter_request_duration_seconds",
+    "Time from the request head to the answer, by service type and decision.",
+    ["service", "decision"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120),
+)
+OPEN_CONNECTIONS = Gauge(
+    "scoperouter_open_connections",
+    "Client connections open now (all workers).",
+    multiprocess_mode="livesum",
+)
+UPSTREAM_UP = Gauge(
+    "scoperouter_upstream_up",
+    "1 when an upstream (another cloud's router: kind=peer; a service of this cloud: "
+    "kind=backend) takes requests, 0 while it is marked down (any worker).",
+    ["cloud", "kind", "service", "upstream"],
+    multiprocess_mode="livemin",
+)
+RELOADS = Counter(
+    "scoperouter_config_reloads",
+    "Config reloads by result (ok, refused).",
+    ["result"],
+)
+
+
+class Metrics:
+    """Counted once per request the router answers (responses, error answers, refused heads),
+    with the time from the request head to the answer; open client connections; and the
+    health of every upstream this router uses (each other cloud's router, each backend of
+    this cloud: 1 up, 0 down, as :class:`~scoperouter.router.health.UpstreamHealth` decides)."""
+
+    def __init__(self, config: RouterConfig, health: UpstreamHealth) -> None:
+        self.config = config
+        self._requests: dict[tuple[str, str, str, int], Any] = {}
+        self._durations: dict[tuple[str, str], Any] = {}
+        self._linked: dict[str, list[str]] = {}  # peer link -> the services behind it
+        config.subscribe(self._upstreams)
+        health.on_change(self._health)
+
+    def _upstreams(self, catalog: Catalog) -> None:
+        """Every upstream of the new config starts as up (those marked down say so later). A
+        peer router with a peer link is one upstream (the link) for all its services."""
+        cloud = self.config.cloud
+        self._linked = {}
+        for other in catalog.clouds.values():
+            for ep in other.endpoints:
+                if other.name == cloud:
+                    labels = (cloud, "backend", ep.service_type, ep.backend.base)
+                elif other.peer is not None:
+                    labels = (other.name, "peer", ep.service_type, other.peer.url.base)
+                    self._linked.setdefault(other.peer.url.base, []).append(ep.service_type)
+                else:
+                    labels = (other.name, "peer", ep.service_type, ep.url.base)
+                UPSTREAM_UP.labels(*labels).set(1)
+
+    def _health(self, upstream: Upstream, up: bool) -> None:
+        services = self._linked.get(upstream.address, [upstream.service])
+        for service in services:
+            UPSTREAM_UP.labels(upstream.cloud, upstream.kind, service, upstream.address).set(
+                1 if up else 0
+            )
+
+    @staticmethod
+    def opened() -> None:
+        """A client connection opened."""
+        OPEN_CONNECTIONS.inc()
+
+    @staticmethod
+    def closed() -> None:
+        OPEN_CONNECTIONS.dec()
+
+    def count(self, state: RequestState, status: int) -> None:
+        if state.counted:
+            return
+        state.counted = True
+        decision = state.decision
+        if isinstance(decision, Forward):
+            key = (
+                decision.service_type,
+                decision.cloud,
+                "remote" if decision.remote else "local",
+                status,
+            )
+        elif isinstance(decision, FanOut):
+            key = (decision.service_type, "-", "fanout", status)
+        elif isinstance(decision, Failover):  # the cloud that answered (bounded label values)
+            key = (decision.service_type, state.answered or "-", "failover", status)
+        else:
+            key = ("-", "-", "refused", status)
+        self._observe(key, time.monotonic() - state.started)
+
+    def refused(self, refusal: HeadRefusal) -> None:
+        self._observe(("-", "-", "refused", refusal.status), time.monotonic() - refusal.started)
+
+    def _observe(self, key: tuple[str, str, str, int], seconds: float) -> None:
+        counter = self._requests.get(key)
+        if counter is None:  # labels() takes a lock and builds a key: once per label set
+            service, cloud, decision, status = key
+            counter = REQUESTS.labels(service, cloud, decision, str(status or "-"))
+            self._requests[key] = counter
+        counter.inc()
+        short = (key[0], key[2])
+        histogram = self._durations.get(short)
+        if histogram is None:
+            histogram = self._durations[short] = DURATION.labels(*short)
+        histogram.observe(seconds)

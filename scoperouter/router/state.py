@@ -1,0 +1,85 @@
+"""What the router remembers about one request while it answers it (whatever engine carries it).
+
+:func:`new_state` starts it when the request head is in; the pipeline's steps complete it: the
+decision, which timeout fired, the status and message the router answered with itself, what
+each cloud of a combined request did; the access log and the metrics read it once each.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from scoperouter.errors import Reject
+from scoperouter.routing import Combined, Forward
+
+REQUEST_ID_HEADER = "x-scope-request-id"
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}\Z")
+_PREFIX = f"req-{secrets.token_hex(4)}{os.getpid() & 0xFFFF:04x}"
+_counter = itertools.count(1)
+
+
+def request_id(received: str | None) -> str:
+    """The id a previous router gave this request (when well-formed), else a new one: unique
+    across processes (random prefix per process, then a counter), cheap (no uuid per request)."""
+    if received is not None and _REQUEST_ID.match(received):
+        return received
+    return f"{_PREFIX}-{next(_counter):x}"
+
+
+@dataclass(slots=True, kw_only=True)
+class RequestState:
+    request_id: str
+    headers: Mapping[str, str]  # the request's header fields as received, lower-case names
+    method: str
+    path: str  # without the query string (an absolute URL on the forward proxy)
+    started: float  # time.monotonic() when the request head was in
+    decision: Forward | Reject | Combined | None = None
+    timed_out: Literal["connect", "response"] | None = None
+    status: int | None = None  # the status the router answered with itself
+    message: str | None = None  # ... and why (for the log)
+    logged: bool = False  # by the access log
+    counted: bool = False  # by the metrics
+    # A combined decision (A & B, A | B; router/combined.py): what each cloud did, for the log
+    # ("CloudDown: it refused the connection; CloudTwo: 200"), and the cloud whose answer a
+    # failover returned.
+    tried: str | None = None
+    answered: str | None = None
+
+
+def new_state(
+    method: str, path: str, headers: Mapping[str, str], started: float | None = None
+) -> RequestState:
+    """The state of a request whose head is in."""
+    return RequestState(
+        request_id=request_id(headers.get(REQUEST_ID_HEADER)),
+        headers=headers,
+        method=method,
+        path=path,
+        started=time.monotonic() if started is None else started,
+    )
+
+
+class HeadRefusal(Protocol):
+    """A request refused while its head was read, before the pipeline saw it (the HTTP
+    server's and the forward proxy's refusals)."""
+
+    @property
+    def status(self) -> int: ...
+    @property
+    def message(self) -> str: ...
+    @property
+    def method(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def started(self) -> float: ...
+    @property
+    def client_address(self) -> str | None: ...

@@ -1,0 +1,180 @@
+"""The router's three layers stay apart (docs/design.md, "Layers"):
+
+* ``scoperouter.router`` (the logic) imports neither the HTTP layer, the processes, mitmproxy
+  nor httptools;
+* ``scoperouter.http`` (HTTP/1.1) imports neither the router's logic, the processes nor
+  mitmproxy;
+* only ``scoperouter.proxy.forward`` imports mitmproxy, and a worker whose cloud has no forward
+  proxy never imports it (the reverse path runs with mitmproxy blocked);
+* no import cycle among them, function-level imports included; no module over 600 lines.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "scoperouter"
+LAYERS = ("router", "http", "proxy")
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module `path` imports, at any depth of its code (TYPE_CHECKING ones included)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def _sources(layer: str) -> list[Path]:
+    return sorted((PACKAGE / layer).rglob("*.py"))
+
+
+def _touches(names: set[str], prefix: str) -> set[str]:
+    return {n for n in names if n == prefix or n.startswith(prefix + ".")}
+
+
+@pytest.mark.parametrize(
+    ("layer", "forbidden"),
+    [
+        ("router", ("scoperouter.http", "scoperouter.proxy", "mitmproxy", "httptools")),
+        ("http", ("scoperouter.router", "scoperouter.proxy", "mitmproxy")),
+    ],
+)
+def test_a_layer_never_imports_the_ones_above_it(layer: str, forbidden: tuple[str, ...]) -> None:
+    wrong = {
+        f"{_module(path)} imports {name}"
+        for path in _sources(layer)
+        for prefix in forbidden
+        for name in _touches(_imports(path), prefix)
+    }
+    assert not wrong, sorted(wrong)
+
+
+def test_only_the_forward_proxy_imports_mitmproxy() -> None:
+    wrong = {
+        _module(path)
+        for path in PACKAGE.rglob("*.py")
+        if _touches(_imports(path), "mitmproxy") and "forward" not in path.parts
+    }
+    assert not wrong, sorted(wrong)
+
+
+def test_no_import_cycle_in_the_router() -> None:
+    graph: dict[str, set[str]] = {}
+    for layer in LAYERS:
+        for path in _sources(layer):
+            names = _imports(path)
+            graph[_module(path)] = {n for n in names if n.startswith("scoperouter.")}
+    modules = set(graph)
+    edges = {m: {n for n in graph[m] if n in modules and n != m} for m in modules}
+    cycles = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in edges[node]:
+            if state.get(nxt) == 1:
+                cycles.append([*trail[trail.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt, [*trail, nxt])
+        state[node] = 2
+
+    for module in sorted(modules):
+        if module not in state:
+            visit(module, [module])
+    # a package's __init__ that names its modules is not a cycle through them
+    real = [c for c in cycles if not any(_is_package_link(a, b) for a, b in itertools.pairwise(c))]
+    assert not real, real
+
+
+def _is_package_link(a: str, b: str) -> bool:
+    return b.startswith(a + ".") or a.startswith(b + ".")
+
+
+def test_no_module_of_the_router_is_over_600_lines() -> None:
+    long = {
+        _module(path): n
+        for layer in LAYERS
+        for path in _sources(layer)
+        if (n := len(path.read_text().splitlines())) > 600
+    }
+    assert not long, long
+
+
+def test_the_reverse_path_runs_without_mitmproxy(tmp_path: Path) -> None:
+    """A router whose cloud has no forward proxy never imports mitmproxy: its worker is made
+    (config, pipeline, reverse server) and serves a request with mitmproxy blocked."""
+    config = tmp_path / "f.yaml"
+    config.write_text(
+        textwrap.dedent(
+            """
+            version: 1
+            clouds:
+              Solo:
+                frontends: [{url: "http://127.0.0.1:{port}"}]
+                services:
+                  image: {public: {url: "http://127.0.0.1:{port}", backend: "http://127.0.0.1:9"}}
+            """
+        )
+    )
+    code = textwrap.dedent(
+        f"""
+        import asyncio, importlib.abc, socket, sys
+        from pathlib import Path
+
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "mitmproxy":
+                    raise ModuleNotFoundError(f"No module named {{name!r}} (blocked)", name=name)
+                return None
+
+        sys.meta_path.insert(0, Block())
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        config = Path({str(config)!r})
+        config.write_text(config.read_text().replace("{{port}}", str(port)))
+        from scoperouter.proxy.worker import Worker
+
+        async def main():
+            worker = Worker(str(config), "Solo", Path({str(tmp_path)!r}))
+            assert worker.forward is None
+            await worker.reverse.start(worker.config.listeners, {{}})
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /v2/images HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n")
+            answer = await reader.read()
+            worker.reverse.stop_listening()
+            return answer.split(b"\\r\\n")[0]
+
+        print(asyncio.run(main()).decode())
+        try:
+            import scoperouter.proxy.forward.engine
+        except ModuleNotFoundError as exc:
+            print("blocked:", exc.name)
+        print(sorted(m for m in sys.modules if m.startswith("mitmproxy")))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    # The backend port is closed: the router answered (502), itself, without mitmproxy.
+    assert lines == ["HTTP/1.1 502 Bad Gateway", "blocked: mitmproxy", "[]"], done.stdout

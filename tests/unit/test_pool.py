@@ -1,0 +1,128 @@
+"""The upstream pool (scoperouter.http.pool): warm peer links, their size, lending order."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from scoperouter.http.pool import IDLE_MAX, Pool, Warm, WarmSpec, client_context
+from scoperouter.http.upstream import Origin, UpstreamConnection
+
+PEER = Origin("https", "127.0.0.3", 9443)
+BACKEND = Origin("http", "127.0.1.2", 9292)
+
+
+def _configure(pool: Pool, warm: dict[Origin, WarmSpec]) -> None:
+    context = client_context(None, True)
+    pool.configure(context, context, warm)
+
+
+def test_the_pool_keeps_peer_links_warm_across_reloads() -> None:
+    pool = Pool()
+    _configure(pool, {PEER: WarmSpec(3, 5.0, 54.0)})
+    warm = pool.warm[PEER]
+    warm.opening = 2  # connects under way when the config is reloaded
+    _configure(pool, {PEER: WarmSpec(1, 5.0, 54.0)})
+    assert pool.warm[PEER] is warm and (warm.count, warm.opening) == (1, 2)
+    assert pool.idle_seconds == {PEER: 54.0}
+    _configure(pool, {})  # the peer left the federation
+    assert pool.warm == {} and pool.idle_seconds == {}
+
+
+class _Transport:
+    """What the pool calls on an idle connection's transport."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def abort(self) -> None:
+        self.closed = True
+
+
+def _pool(warm: int = 2) -> Pool:
+    pool = Pool()
+    _configure(pool, {PEER: WarmSpec(warm, 5.0, 54.0)})
+    pool.refill = lambda origin: None  # type: ignore[method-assign]  # opens nothing here
+    return pool
+
+
+def _idle(pool: Pool, origin: Origin, n: int) -> list[Any]:
+    """`n` open connections given back to `pool` (as if each had carried an exchange)."""
+    conns = []
+    for _ in range(n):
+        conn = UpstreamConnection(origin)
+        conn.transport, conn.open = _Transport(), True  # type: ignore[assignment]
+        pool.give_back(conn)
+        conns.append(conn)
+    return conns
+
+
+def test_a_warm_target_doubles_on_a_miss_and_shrinks_as_connections_expire() -> None:
+    warm = Warm(count=2, timeout=5.0, target=2)
+    warm.missed(3)  # a request found none idle with 3 in use, its own included
+    assert warm.target == 6
+    warm.missed(2)  # a smaller burst never lowers it
+    assert warm.target == 6
+    warm.expired(3)
+    assert warm.target == 3
+    warm.expired(10)  # never below the configured warm set
+    assert warm.target == 2
+    off = Warm(count=0, timeout=5.0, target=0)
+    off.missed(40)  # settings.peers.warm: 0 opens nothing ahead, whatever the load
+    assert off.target == 0
+    assert IDLE_MAX == 64
+
+
+def test_the_pool_lends_peer_connections_least_recently_used_first_and_counts_them() -> None:
+    pool = _pool()
+    first, second, third = _idle(pool, PEER, 3)
+    # All of a peer's connections carry traffic in turn: none sits idle until it expires.
+    assert pool.take(PEER) is first
+    assert pool.lent_count(PEER) == 1
+    pool.give_back(first)
+    assert pool.lent_count(PEER) == 0
+    assert [pool.take(PEER) for _ in range(3)] == [second, third, first]
+    assert pool.lent_count(PEER) == 3
+    assert pool.take(PEER) is None  # none idle: the caller connects (Pool.connect)
+    second.connection_lost(None)  # an exchange's connection that closed is returned too
+    assert pool.lent_count(PEER) == 2 and second.on_lost is None
+    second.connection_lost(None)  # once
+    assert pool.lent_count(PEER) == 2
+
+
+def test_the_pool_lends_a_backends_connections_most_recently_used_first() -> None:
+    pool = _pool()
+    first, second = _idle(pool, BACKEND, 2)
+    # A backend's pool shrinks to what the load needs: the least used expire.
+    assert pool.take(BACKEND) is second
+    assert pool.take(BACKEND) is first
+
+
+def test_an_expired_peer_connection_lowers_the_target_one_the_peer_closed_does_not() -> None:
+    pool = _pool(warm=2)
+    warm = pool.warm[PEER]
+    warm.target = 8
+    conns = _idle(pool, PEER, 3)
+    conns[0].open = False  # the peer closed it: the load still wants it, it is opened again
+    conns[1].idle_since = time.monotonic() - 1000  # unused for longer than the idle time
+    pool.tidy(time.monotonic())
+    assert warm.target == 7
+    assert list(pool.idle[PEER]) == [conns[2]]
+    assert conns[1].transport.closed
+
+
+def test_the_sweep_expires_a_lent_connection_past_its_response_deadline() -> None:
+    pool = _pool()
+    late, early = _idle(pool, BACKEND, 2)
+    assert pool.take(BACKEND) is early and pool.take(BACKEND) is late
+    now = time.monotonic()
+    late.deadline, early.deadline = now - 1, now + 60
+    pool.sweep(now)
+    assert late.timed_out and late.error == "response timeout" and late.transport.closed
+    assert not early.timed_out and early.error is None
