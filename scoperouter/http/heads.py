@@ -82,11 +82,17 @@ ASTERISK_MESSAGE = (
 )
 BAD_ABSOLUTE_MESSAGE = "the request target is not a valid absolute URL (RFC 9112 3.2.2)"
 AUTHORITY_MESSAGE = "authority-form targets are for CONNECT only (RFC 9112 3.2.3)"
+FRAGMENT_MESSAGE = "a request target has no fragment ('#'; RFC 9112 3.2)"
+BARE_LF_MESSAGE = "the request head ends a line with a bare LF (RFC 9112 2.2: CRLF)"
 NO_HOST_MESSAGE = "an HTTP/1.1 request must have a Host header field (RFC 9112 3.2)"
 MANY_HOSTS_MESSAGE = "the request has more than one Host header field (RFC 9112 3.2)"
 BAD_HOST_MESSAGE = "the Host header field is not a valid authority (RFC 9112 3.2)"
 TE_HTTP10_MESSAGE = "Transfer-Encoding in an HTTP/1.0 request (RFC 9112 6.1)"
 BAD_CONNECTION_MESSAGE = "the Connection header field must be a list of tokens (RFC 9110 7.6.1)"
+
+
+def unknown_version(version: str) -> str:
+    return f"HTTP/{version[:16]} is not supported here: send HTTP/1.1 (or HTTP/1.0)"
 
 
 def unknown_coding(value: bytes) -> str:
@@ -95,6 +101,18 @@ def unknown_coding(value: bytes) -> str:
         f"transfer coding {shown!r} is not supported: only 'chunked' (RFC 9112 6.1); send the "
         "body chunked or with a Content-Length"
     )
+
+
+def check_target(method: bytes, target: bytes) -> tuple[int, str] | None:
+    """The refusal of a target the router cannot serve (both entries), else None."""
+    form = target_form(method, target)
+    if form == "asterisk":
+        return 400, ASTERISK_MESSAGE
+    if form == "authority" and method != b"CONNECT":
+        return 400, AUTHORITY_MESSAGE
+    if b"#" in target:
+        return 400, FRAGMENT_MESSAGE
+    return None
 
 
 def target_form(method: bytes, target: bytes) -> TargetForm:

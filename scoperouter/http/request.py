@@ -61,6 +61,11 @@ class Body:
         self.error: BodyError | None = None
         self._waiter: asyncio.Future[None] | None = None
 
+    @property
+    def complete(self) -> bool:
+        """The whole body came, well-formed (its connection may carry another request)."""
+        return self.done and self.error is None
+
     def put(self, data: bytes) -> None:
         self.chunks.append(data)
         self.size += len(data)

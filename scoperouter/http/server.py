@@ -279,18 +279,18 @@ class ClientConnection(asyncio.Protocol):
         if parser.should_upgrade():
             raise _Refused(400, heads.UPGRADE_MESSAGE)
         target = bytes(self._url)
-        form = heads.target_form(method, target)
+        refused = heads.check_target(method, target)
+        if refused is not None:
+            raise _Refused(*refused)
+        version = parser.get_http_version()
+        if version not in ("1.1", "1.0"):
+            raise _Refused(505, heads.unknown_version(version))
         authority = None
-        if form == "asterisk":
-            raise _Refused(400, heads.ASTERISK_MESSAGE)
-        if form == "authority":
-            raise _Refused(400, heads.AUTHORITY_MESSAGE)
-        if form == "absolute":
+        if heads.target_form(method, target) == "absolute":
             absolute = heads.split_absolute(target)
             if absolute is None:
                 raise _Refused(400, heads.BAD_ABSOLUTE_MESSAGE)
             target, authority = absolute.origin_form, absolute.authority
-        version = parser.get_http_version()
         if self._hosts > 1:
             raise _Refused(400, heads.MANY_HOSTS_MESSAGE)
         if self._hosts == 0 and version != "1.0":
@@ -444,8 +444,8 @@ class ClientConnection(asyncio.Protocol):
                     keep = await self.app.handle(self, item)
                 finally:
                     self.busy = False
-                if not keep or self.draining:
-                    break
+                if not keep or self.draining or self.refused:
+                    break  # (refused: reading stopped, a body failed; no other request)
         except asyncio.CancelledError:
             pass
         except Exception:

@@ -224,7 +224,7 @@ class _Answering:
                 informational=self._informational,
             )
         except ExchangeError as exc:
-            self.keep = self.keep and request.body.done
+            self.keep = self.keep and request.body.complete
             return Outcome(
                 failed=True,
                 timed_out=_TIMED_OUT.get(exc.kind),
@@ -256,7 +256,7 @@ class _Answering:
             return Outcome(status=answer.status, error=exc.reason)
         finally:
             client.finish(pool, answer)
-        if not request.body.done:
+        if not request.body.complete:
             self.keep = False  # answered before the body was read: the rest is not read
         return Outcome(status=answer.status)
 
@@ -295,7 +295,7 @@ class _Answering:
 
     async def reply(self, state: RequestState, reply: fanout.Reply) -> None:
         request, conn = self.request, self.conn
-        self.keep = self.keep and not conn.draining and request.body.done
+        self.keep = self.keep and not conn.draining and request.body.complete
         status = reply.status
         fields = [
             (name.encode("latin-1"), value.encode("utf-8", "surrogateescape"))
@@ -317,7 +317,7 @@ class _Answering:
         await conn.drain()
 
     async def refuse(self, state: RequestState, reject: Reject) -> None:
-        close = not self.keep or not self.request.body.done or self.conn.draining
+        close = not self.keep or not self.request.body.complete or self.conn.draining
         self.keep = not close
         self.conn.write(wire.error_response(reject.status, reject.message, close, self._id(state)))
         await self.conn.drain()

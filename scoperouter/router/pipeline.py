@@ -7,7 +7,8 @@ carries its bytes (it imports neither an HTTP library nor mitmproxy).
 * **facts**: where the request came in (a frontend, or the peer link and the frontend its
   ``X-Scope-Frontend`` names; plain HTTP on an https frontend is refused), its origin-form
   target (an absolute-form target is reduced when it names the frontend itself, refused with
-  421 otherwise: the client's authority never reaches an upstream);
+  421 otherwise: the client's authority never reaches an upstream, the frontend's is its
+  Host);
 * **decide**: :func:`scoperouter.routing.decide` on the current catalog (combined
   expressions included); a failure of the router itself is a 500, logged;
 * **admit**: the circuit breaker (:class:`~.health.UpstreamHealth`) refuses at once a request
@@ -231,6 +232,7 @@ class Pipeline:
                 f"of {self.config.cloud} (a reverse frontend: send the path, not a URL; the "
                 "forward proxy is where absolute URLs go)",
             )
+        state.authority = request.authority
         facts = reverse_facts(frontend, request.method, request.target, request.headers)
         return self.route(facts, state)
 
@@ -255,6 +257,8 @@ class Pipeline:
         if isinstance(edits, Reject):
             state.decision = edits
             return edits
+        if state.authority is not None:  # the target's authority replaces the Host field
+            edits = {**edits, "host": state.authority}
         scheme, host, port, target = split_url(decision.url)
         if (host, port) in self.config.own_addresses:
             return Reject(*loop_failure(self.config, decision))

@@ -42,6 +42,7 @@ class RequestState:
     path: str  # without the query string (an absolute URL on the forward proxy)
     started: float  # time.monotonic() when the request head was in
     decision: Forward | Reject | Combined | None = None
+    authority: str | None = None  # an absolute-form target's: the Host sent on (RFC 9112 3.2.2)
     timed_out: Literal["connect", "response"] | None = None
     status: int | None = None  # the status the router answered with itself
     message: str | None = None  # ... and why (for the log)

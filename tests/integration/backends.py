@@ -7,6 +7,8 @@
   ``<prefix>/sleep/<seconds>`` answers after that long (at most 30 s).
 * :class:`SilentServer` accepts connections and never answers (a hung upstream: 504).
 * :class:`RawServer` answers every connection with fixed bytes (an invalid upstream: 502).
+* :class:`RecordingBackend` records what reaches it byte for byte (fields as sent, trailers,
+  bodies, incomplete messages), for the hostile-input tests and the fuzz harness.
 
 Everything binds to loopback addresses only. Usable as a library (``EchoBackend("127.0.1.2")
 .start()``) or as a program::
@@ -17,6 +19,7 @@ Everything binds to loopback addresses only. Usable as a library (``EchoBackend(
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import hashlib
 import http.server
@@ -27,7 +30,8 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -356,3 +360,162 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+@dataclass
+class Received:
+    """One request as a :class:`RecordingBackend` received it."""
+
+    method: str = ""
+    target: bytes = b""
+    version: str = ""
+    fields: list[tuple[bytes, bytes]] = field(default_factory=list)  # the head's, as sent
+    trailers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    body: bytearray = field(default_factory=bytearray)  # the first RECORDED_BODY bytes
+    body_length: int = 0
+    complete: bool = False  # the whole message came (else the connection ended first)
+
+    def values(self, name: bytes) -> list[bytes]:
+        """The values of the head's fields called `name` (any case)."""
+        return [value for key, value in self.fields if key.lower() == name.lower()]
+
+
+RECORDED_BODY = 1 << 20
+RECORDED_RAW = 4 << 20
+
+
+class _Recorder(asyncio.Protocol):
+    def __init__(self, backend: RecordingBackend) -> None:
+        import httptools
+
+        self.backend = backend
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.current: Received | None = None
+        self.answered = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.backend.connections += 1
+
+    def data_received(self, data: bytes) -> None:
+        import httptools
+
+        backend = self.backend
+        if len(backend.raw) < RECORDED_RAW:
+            backend.raw += data[: RECORDED_RAW - len(backend.raw)]
+        try:
+            self.parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            backend.errors.append(f"{type(exc).__name__}: {exc}")
+            assert self.transport is not None
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.current is not None and not self.current.complete:
+            self.backend.requests.append(self.current)  # what came before the end
+        self.current = None
+
+    def on_message_begin(self) -> None:
+        self.current = Received()
+        self.answered = False
+
+    def on_url(self, url: bytes) -> None:
+        assert self.current is not None
+        self.current.target += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        assert self.current is not None
+        (self.current.trailers if self.current.method else self.current.fields).append(
+            (name, value)
+        )
+
+    def on_headers_complete(self) -> None:
+        current = self.current
+        assert current is not None
+        current.method = self.parser.get_method().decode("ascii", "replace")
+        current.version = self.parser.get_http_version()
+        early = self.backend.early(current)
+        if early is not None and self.transport is not None:
+            self.transport.write(early)
+            self.answered = True
+
+    def on_body(self, body: bytes) -> None:
+        current = self.current
+        assert current is not None
+        current.body_length += len(body)
+        if len(current.body) < RECORDED_BODY:
+            current.body += body[: RECORDED_BODY - len(current.body)]
+
+    def on_message_complete(self) -> None:
+        current = self.current
+        assert current is not None and self.transport is not None
+        current.complete = True
+        self.backend.requests.append(current)
+        self.current = None
+        if not self.answered:
+            body = json.dumps(
+                {"backend": self.backend.name, "received": current.body_length}
+            ).encode()
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+
+
+def _no_early_answer(received: Received) -> bytes | None:
+    return None
+
+
+class RecordingBackend:
+    """A raw HTTP/1.1 backend that records what reaches it, byte for byte: the head's fields
+    as sent, trailer fields, the body, whether each message was complete, every byte received
+    (:attr:`raw`) and what its own parser refused (:attr:`errors`). It answers each complete
+    request 200 with a small JSON body, or, when `early` returns bytes for a head, those
+    bytes at once (an upstream that answers before the body is in). An asyncio server in a
+    thread of its own; loopback only."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        name: str = "recorder",
+        early: Callable[[Received], bytes | None] = _no_early_answer,
+    ) -> None:
+        _check_loopback(host)
+        self.host, self.name, self.early = host, name, early
+        self.port = 0
+        self.requests: list[Received] = []
+        self.raw = bytearray()
+        self.errors: list[str] = []
+        self.connections = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: asyncio.AbstractServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> RecordingBackend:
+        self._thread.start()
+        future = asyncio.run_coroutine_threadsafe(
+            self._loop.create_server(lambda: _Recorder(self), self.host, 0), self._loop
+        )
+        self._server = future.result(10)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    def clear(self) -> None:
+        self.requests.clear()
+        self.raw.clear()
+        self.errors.clear()
+
+    def stop(self) -> None:
+        async def close() -> None:
+            if self._server is not None:
+                self._server.close()
+
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)

@@ -35,7 +35,12 @@ from mitmproxy.proxy import server_hooks
 from scoperouter.errors import Reject, status_title
 from scoperouter.proxy.forward import guard, mitm
 from scoperouter.proxy.forward.timeouts import Deadlines
-from scoperouter.router.failures import CLIENT_GONE, CLIENT_GONE_STATUS, TimedOut
+from scoperouter.router.failures import (
+    CLIENT_GONE,
+    CLIENT_GONE_STATUS,
+    INTERNAL_ERROR,
+    TimedOut,
+)
 from scoperouter.router.pipeline import Pipeline, Plan
 from scoperouter.router.region import regioned
 from scoperouter.router.state import REQUEST_ID_HEADER, RequestState, new_state
@@ -104,6 +109,15 @@ class ForwardAddon:
     # -- a request
 
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
+        try:
+            await self._requestheaders(flow)
+        except Exception:  # the router must answer, whatever happens
+            logger.exception("the forward proxy failed on %s", flow.request.method)
+            entry = _entry(flow)
+            if entry is not None and flow.response is None:
+                _answer(flow, entry.state, Reject(500, INTERNAL_ERROR))
+
+    async def _requestheaders(self, flow: http.HTTPFlow) -> None:
         request = flow.request
         path = request.path.partition("?")[0]
         url = f"{request.scheme}://{request.host}:{request.port}{path}"
@@ -139,6 +153,8 @@ class ForwardAddon:
             _answer(flow, state, planned)
             return
         entry.plan = planned
+        if "host" not in state.headers:  # RFC 9112 3.2.2: the target's authority is the Host
+            request.headers["Host"] = f"{request.host}:{request.port}"
         request.scheme = planned.scheme
         request.data.host = planned.host
         request.data.port = planned.port

@@ -239,12 +239,25 @@ class GuardedHttp1Server(_http1.Http1Server):
             return 431, heads.too_many_fields(len(lines) - 1, limits)
         if head_size > limits.max_header_bytes:
             return 431, heads.too_large(limits)
+        if head_size < sum(len(line) for line in lines) + 2 * (len(lines) + 1):
+            return 400, heads.BARE_LF_MESSAGE  # a line ended with LF alone (the parser's lines
+            # lost their endings: a head shorter than all of them with CRLF had a bare one)
         for number, line in enumerate(lines[1:], 1):
             if line and line[0] in (0x20, 0x09):  # SP or HTAB
                 return 400, heads.obs_fold(number)
         if _CONTROL.search(b"\n".join(lines)):
             return 400, heads.CONTROL_MESSAGE
-        return None
+        hosts = [
+            v for n, _, v in (bytes(x).partition(b":") for x in lines[1:]) if n.lower() == b"host"
+        ]
+        if len(hosts) > 1:
+            return 400, heads.MANY_HOSTS_MESSAGE
+        if hosts and not heads.valid_host(hosts[0].strip(b" \t")):
+            return 400, heads.BAD_HOST_MESSAGE
+        parts = bytes(lines[0]).split(b" ")
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
+            return None  # not a request line: mitmproxy's parser says what is wrong
+        return heads.check_target(parts[0], parts[1])
 
     @staticmethod
     def _too_large(limits: Limits) -> str:
