@@ -18,6 +18,8 @@ def register(sub: Subparsers) -> argparse.ArgumentParser:
         help="validate a federation config",
         description="Validate a federation config. Prints a summary, or the first problem as "
         "FILE: key.path: what is wrong, and exits 1.",
+        epilog="example:\n  scoperouter check-config config/federation.yaml --cloud CloudOne\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     check.add_argument("config", metavar="FILE")
     check.add_argument("--cloud", metavar="NAME", help="also check that this cloud is defined")

@@ -57,7 +57,7 @@ def register(sub: Subparsers) -> argparse.ArgumentParser:
     )
     links = imp.add_argument_group(
         "peer links",
-        'TLS between the routers (README: "Peer links"). Any of these gives every cloud a '
+        "TLS between the routers (docs/router/peer-links.md). Any of these gives every cloud a "
         "peer link (a cloud's own peer: in FILE wins); without them, none (the routers reach "
         "each other on their frontends).",
     )

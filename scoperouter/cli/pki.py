@@ -15,9 +15,10 @@ if TYPE_CHECKING:
 
 DESCRIPTION = """\
 The certificates of the peer links (the router-to-router hops, TLS verified with the
-federation's CA: README "Peer links"): one CA per federation, and for each router a certificate
-for the host of its peer link url, signed by that CA. Files are kept while they are good, so
-running the same command again changes nothing; keys are written mode 0600 and never printed.
+federation's CA; the manual: docs/router/peer-links.md): one CA per federation, and for each
+router a certificate for the host of its peer link url, signed by that CA. Files are kept while
+they are good, so running the same command again changes nothing; keys are written mode 0600
+and never printed.
 
 example (a CA, then CloudOne's router's certificate for its peer link at
 https://router.cloudone.example.org:9443):
@@ -42,6 +43,8 @@ def register(sub: Subparsers) -> argparse.ArgumentParser:
         help="make a federation CA (kept when it is valid)",
         description="Make a CA in --cert and --key (mode 0600), or keep the one there while "
         "it is valid for more than --renew-days. Prints what it did, never the key.",
+        epilog="example:\n  scoperouter pki ca --cert ca.crt --key ca.key\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ca.add_argument("--cert", required=True, metavar="FILE", help="the CA certificate")
     ca.add_argument("--key", required=True, metavar="FILE", help="its key (mode 0600)")
@@ -56,6 +59,10 @@ def register(sub: Subparsers) -> argparse.ArgumentParser:
         "host of the router's peer link url: an IP or a DNS name) signed by the CA; or keep "
         "them while they are signed by that CA, for exactly these addresses, their key matches "
         "and they are valid for more than --renew-days. Prints what it did, never a key.",
+        epilog="example (CloudOne's router, its peer link at https://10.0.1.11:9443):\n"
+        "  scoperouter pki issue --ca-cert ca.crt --ca-key ca.key \\\n"
+        "      --cert cloudone-peer.crt --key cloudone-peer.key 10.0.1.11\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     iss.add_argument("--ca-cert", required=True, metavar="FILE", help="the CA certificate")
     iss.add_argument("--ca-key", required=True, metavar="FILE", help="its key (- for stdin)")
@@ -73,6 +80,9 @@ def register(sub: Subparsers) -> argparse.ArgumentParser:
         description="Exit 0 when `pki issue` with these arguments would keep the certificate; "
         "else print why and exit 1 (for monitoring: a certificate within --renew-days of its "
         "end fails).",
+        epilog="example:\n  scoperouter pki check --ca-cert ca.crt --cert cloudone-peer.crt \\\n"
+        "      --key cloudone-peer.key 10.0.1.11 || echo renew it\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     chk.add_argument("--ca-cert", required=True, metavar="FILE", help="the CA certificate")
     chk.add_argument("--cert", required=True, metavar="FILE", help="the certificate")

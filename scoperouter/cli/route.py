@@ -31,6 +31,18 @@ if TYPE_CHECKING:
     from scoperouter.cli.common import Subparsers
 
 
+EPILOG = """\
+examples:
+  scoperouter route --config config/federation.yaml --cloud CloudOne \\
+      --scope '{"image": "CloudTwo"}' GET http://127.0.0.2:9292/v2/images
+  scoperouter route --config config/federation.yaml --cloud CloudOne --json \\
+      -H 'X-Auth-Token: TOKEN!SCOPE!{"image": "CloudOne & CloudTwo"}' \\
+      GET http://127.0.0.2:9292/v2/images
+
+exit status: 0 forwarded, 1 refused (the error is printed), 2 bad usage/config
+"""
+
+
 def register(sub: Subparsers) -> argparse.ArgumentParser:
     route = sub.add_parser(
         "route",
@@ -38,7 +50,7 @@ def register(sub: Subparsers) -> argparse.ArgumentParser:
         description="Print where the router of CLOUD would send one request: the target URL "
         "and the header changes, or the error the client would get. Nothing is sent. Token "
         "values are never printed.",
-        epilog="exit status: 0 forwarded, 1 refused (the error is printed), 2 bad usage/config",
+        epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     route.add_argument("--config", required=True, metavar="FILE", help="federation config (YAML)")

@@ -12,14 +12,21 @@ from scoperouter.cli.common import cores, load, positive_int
 if TYPE_CHECKING:
     from scoperouter.cli.common import Subparsers
 
-DESCRIPTION = (
-    "Run the router of one cloud: a reverse proxy on each of the cloud's "
-    "frontends and, if the config gives proxy.listen, a forward proxy for the cloud's "
-    "services (HTTP_PROXY), in --workers processes on the same ports. SIGHUP reloads the "
-    "config without dropping connections (an invalid new config is refused and the old "
-    "one keeps routing); SIGTERM stops accepting and lets requests in flight finish. With "
-    "metrics.listen in the config, /metrics (Prometheus) and /healthz are served there."
-)
+DESCRIPTION = """\
+Run the router of one cloud: a reverse proxy on each of the cloud's frontends (and its peer
+link) and, if the config gives proxy.listen, a forward proxy for the cloud's services
+(HTTP_PROXY), in --workers processes on the same ports. SIGHUP reloads the config without
+dropping connections (an invalid new config is refused and the old one keeps routing);
+SIGTERM stops accepting and lets requests in flight finish. With metrics.listen in the
+config, /metrics (Prometheus) and /healthz are served there.
+"""
+
+EPILOG = """\
+example:
+  scoperouter check-config /etc/scoperouter/federation.yaml --cloud CloudOne
+  scoperouter serve --config /etc/scoperouter/federation.yaml --cloud CloudOne --workers 2
+  kill -HUP <the supervisor's pid>     # reload the config file
+"""
 
 
 def register(sub: Subparsers) -> argparse.ArgumentParser:
@@ -27,6 +34,7 @@ def register(sub: Subparsers) -> argparse.ArgumentParser:
         "serve",
         help="run the router of one cloud",
         description=DESCRIPTION,
+        epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     serve.add_argument("--config", required=True, metavar="FILE", help="federation config (YAML)")
