@@ -7,13 +7,16 @@ every ``python -m bench...`` / ``python -m tests.peer`` option is in that module
 every ``--help`` of the router's commands ends with an example, which parses too; and the
 ``scoperouter route`` examples marked ``<!-- docs-test: route -->`` (the sample config) or
 ``<!-- docs-test: lab-route -->`` (the lab's federation config, generated here as ``lab up``
-generates it, without a lab) print exactly what the page says.
+generates it, without a lab) print exactly what the page says. And every file, folder or module
+the pages name (``scoperouter/proxy/combined.py``, ``scoperouter.client.scope_auth``) exists:
+the design and the manual cannot go on naming what is gone.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import io
 import re
 import shlex
@@ -326,3 +329,58 @@ def test_the_lab_route_example_prints_what_the_page_says(
         argv[argv.index("--config") + 1] = str(config)
         assert run(argv, capsys) == shown, f"{page}: scoperouter {shlex.join(argv)}"
         assert "https://127.0.0.3:9443" in shown
+
+
+# ------------------------------------------------------------ files and modules the pages name
+
+PATH = re.compile(r"`((?:scoperouter|tests|bench|lab|playbooks|deploy|config|docs|\.ci)/[^`\s]*)`")
+MODULE = re.compile(r"(?<!logger )`((?:scoperouter|scoperouter_lab)(?:\.[A-Za-z_]+)+)`")
+
+
+def _expand(path: str) -> list[str]:
+    """``scoperouter/{scope,catalog}.py`` -> both paths."""
+    found = re.search(r"\{([^}]*)\}", path)
+    if found is None:
+        return [path]
+    return [
+        expanded
+        for alternative in found.group(1).split(",")
+        for expanded in _expand(path[: found.start()] + alternative + path[found.end() :])
+    ]
+
+
+def _resolves(dotted: str) -> bool:
+    """A module, or an attribute of one (a function, a class)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            thing: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for name in parts[cut:]:
+                thing = getattr(thing, name)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def test_every_file_and_module_the_pages_name_exists() -> None:
+    """The manual, the README and the design (not the changelog: history names what was)."""
+    wrong = []
+    named = 0
+    for page in PAGES:
+        text = page.read_text()
+        for path in PATH.findall(text):
+            path = re.sub(r"[:#].*$", "", path.rstrip(".,;)"))
+            for each in _expand(path):
+                named += 1
+                if "<" not in each and not list(ROOT.glob(each)):
+                    wrong.append(f"{_name(page)}: {each} does not exist")
+        for dotted in MODULE.findall(text):
+            named += 1
+            if not _resolves(dotted):
+                wrong.append(f"{_name(page)}: {dotted} is not a module or one's attribute")
+    assert named > 50
+    assert not wrong, "\n".join(wrong)
