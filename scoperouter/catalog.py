@@ -86,8 +86,11 @@ class Endpoint:
     cloud: str
     service_type: str
     interface: str
-    url: URL  # advertised in the keystone catalog: this cloud's router frontend
-    backend: URL  # the real service
+    url: URL
+    """What the keystone catalog advertises: on one of this cloud's router frontends."""
+    backend: URL
+    """The real service, where the router sends this cloud's requests (never a router's
+    address: that would be a routing loop)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,10 +98,16 @@ class Frontend:
     """A reverse-proxy listener of a cloud's router."""
 
     url: URL
+    """scheme://host:port, as the keystone catalog advertises it (no path)."""
     listen_host: str
+    """The address it binds (``listen: HOST:PORT``; default: the url's host and port)."""
     listen_port: int
+    """The port it binds (with listen_host)."""
     cert: str | None = None
+    """The TLS certificate (PEM file) of an https listener: required for https, refused for
+    http."""
     key: str | None = None
+    """Its private key (PEM file)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,18 +115,24 @@ class Cloud:
     """A member of the federation: its router's listeners and the services behind it."""
 
     name: str
+    """What scopes name: a word without spaces, quotes, ``&``, ``|`` or parentheses."""
     region: str
+    """The cloud's keystone region id (default: the cloud's name)."""
     frontends: tuple[Frontend, ...]
+    """The router's reverse-proxy listeners: where the keystone catalog sends clients."""
     endpoints: tuple[Endpoint, ...]
-    proxy_listen: tuple[str, int] | None = None  # forward proxy (the services' HTTP_PROXY)
-    metrics_listen: tuple[str, int] | None = None  # /metrics and /healthz
-    # How this cloud's router authenticates in other clouds: remote cloud -> the name of a
-    # clouds.yaml entry (secrets stay in clouds.yaml/secure.yaml, never in this file).
+    """The cloud's keystone catalog rows, each with the real service behind it."""
+    proxy_listen: tuple[str, int] | None = None
+    """Where the forward proxy listens (HOST:PORT): the ``HTTP_PROXY`` of the cloud's services."""
+    metrics_listen: tuple[str, int] | None = None
+    """Where ``/metrics`` (Prometheus) and ``/healthz`` are served (HOST:PORT)."""
     credentials: Mapping[str, str] = field(default_factory=dict)
-    # Where the other routers of the federation reach this one (the router-to-router link:
-    # https with this router's certificate, verified against settings.peers.ca); None: they
-    # reach it on its frontends, as clients do.
+    """How this cloud's router authenticates in other clouds: remote cloud -> the name of a
+    clouds.yaml entry (secrets stay in clouds.yaml/secure.yaml, never in this file)."""
     peer: Frontend | None = None
+    """Where the other routers of the federation reach this one (the router-to-router link:
+    https with this router's certificate, verified against settings.peers.ca); without one,
+    they reach it on its frontends, as clients do."""
 
     def listen_addresses(self) -> set[tuple[str, int]]:
         """Every address this cloud's router answers on (frontend URLs, binds, the proxy, the
@@ -134,31 +149,45 @@ class Cloud:
 class Limits:
     """What one client may send (defaults like HAProxy's and nginx's)."""
 
-    max_headers: int = 100  # header fields in a request head -> 431
-    max_header_bytes: int = 65536  # request line + header fields -> 431
-    max_request_line: int = 16384  # method, target and version -> 414
-    header_timeout: float = 10.0  # seconds from the first byte of a head to its end -> 408
-    idle_timeout: float = 60.0  # seconds a keep-alive connection may wait for a request
-    # seconds a request body may go without a byte while the router reads it -> 408 (and an
-    # answer may wait for a client that reads none of it -> the connection is closed)
+    max_headers: int = 100
+    """Header fields in a request head; more -> 431."""
+    max_header_bytes: int = 65536
+    """Bytes of the request line and header fields; more -> 431. The bytes of a chunked body
+    that are not its data (chunk headers, trailer fields) are held to it too."""
+    max_request_line: int = 16384
+    """Bytes of the request line (method, target and version); more -> 414. At most
+    max_header_bytes."""
+    header_timeout: float = 10.0
+    """Seconds from the first byte of a request head to its end; slower -> 408."""
+    idle_timeout: float = 60.0
+    """Seconds a keep-alive connection may wait for its next request before it is closed."""
     body_timeout: float = 60.0
+    """Seconds a request body may go without a byte while the router reads it; slower -> 408
+    (its upstream connection is closed). Also how long an answer may wait for a client that
+    reads none of it: then the connection is closed."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Breaker:
     """When an upstream (another cloud's router or a backend) is marked down."""
 
-    failures: int = 1  # consecutive refused connections or timeouts
-    down_for: float = 10.0  # seconds requests for it fail fast, before one probe request
+    failures: int = 1
+    """Refused connections or timeouts in a row that mark an upstream down."""
+    down_for: float = 10.0
+    """Seconds requests for a marked-down upstream fail fast (503), before one probe request."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Peers:
     """The router-to-router links of the federation (``settings.peers``)."""
 
-    ca: str | None = None  # the federation's CA: peer links are verified against it only
-    warm: int = 2  # connections each worker keeps open ahead to every peer router
-    plain: bool = False  # allow plain HTTP between routers where a cloud has no TLS link
+    ca: str | None = None
+    """The federation's CA (a PEM file; relative: to the config file): peer links are verified
+    against it only. Default: ca_bundle, else the system's CAs."""
+    warm: int = 2
+    """Connections each worker keeps open ahead to every peer router."""
+    plain: bool = False
+    """Allow plain HTTP between routers where a cloud has no TLS link."""
 
     def idle_seconds(self, peer_idle_timeout: float) -> float:
         """How long a pooled connection to a peer router may stay idle: shorter than the
@@ -173,16 +202,31 @@ class Peers:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
+    """The federation-wide settings (``settings:``), shared by every router."""
+
     hop_limit: int = 8
-    connect_timeout: float = 5.0  # to a backend of this cloud
+    """Routers a request may cross; a request arriving past it -> 508."""
+    connect_timeout: float = 5.0
+    """Seconds to connect to a backend of this cloud; slower -> 504."""
     response_timeout: float = 120.0
-    peer_connect_timeout: float = 5.0  # to another cloud's router
+    """Seconds to wait for a backend's response head; slower -> 504."""
+    peer_connect_timeout: float = 5.0
+    """Seconds to connect to another cloud's router (default: connect_timeout)."""
     peer_response_timeout: float = 120.0
+    """Seconds to wait for another cloud's router's response head (default:
+    response_timeout)."""
     ca_bundle: str | None = None
+    """CA bundle (a PEM file; relative: to the config file) that HTTPS upstreams are verified
+    against: backends, other clouds' routers, keystone for token swaps. Default: the system's
+    CAs."""
     verify: bool = True
+    """Verify the certificates of HTTPS upstreams (peer links included)."""
     limits: Limits = field(default_factory=Limits)
+    """What one client may send."""
     breaker: Breaker = field(default_factory=Breaker)
+    """When an upstream is marked down (peer health)."""
     peers: Peers = field(default_factory=Peers)
+    """The router-to-router links."""
 
     def __post_init__(self) -> None:
         # routing.decide lets a request without X-Scope-Hops (0 hops) through unchecked.

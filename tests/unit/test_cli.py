@@ -1,13 +1,19 @@
-"""The scoperouter console script: route (masking, exit codes, JSON), check-config, help."""
+"""The scoperouter console script: route (masking, exit codes, JSON), check-config, help, the
+table of commands and their modules."""
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from scoperouter.cli import main
+from scoperouter import __version__
+from scoperouter.cli import COMMANDS, main
 
 from .conftest import SAMPLE
 
@@ -213,3 +219,28 @@ def test_route_refuses_a_write_with_and(capsys: pytest.CaptureFixture[str]) -> N
         "--scope", '{"image": "CloudOne & CloudTwo"}', "POST", "http://127.0.0.2:9292/v2/images",
     )  # fmt: skip
     assert code == 1 and "decision: reject 400" in out and "only merges reads of a list" in out
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_each_command_is_registered_by_the_module_the_table_names(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main([command, "--help"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: scoperouter {command} ")
+    parser = argparse.ArgumentParser(prog="scoperouter")
+    module = importlib.import_module(COMMANDS[command])
+    registered = module.register(parser.add_subparsers())
+    assert registered.prog == f"scoperouter {command}"
+
+
+def test_python_dash_m_runs_the_console_script() -> None:
+    """How the tests and the bench start routers: ``python -m scoperouter.cli``."""
+    done = subprocess.run(
+        [sys.executable, "-m", "scoperouter.cli", "--version"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, f"scoperouter {__version__}")

@@ -371,6 +371,10 @@ def test_openstack_cli_shows_the_option() -> None:
         timeout=60,
     )
     assert "--os-scope <scope>" in result.stdout
+    # what a value may say: `&` and `|` (the help of --os-scope, up to the next option)
+    option = result.stdout.split("--os-scope <scope>", 2)[2].split("\n  --", 1)[0]
+    words = " ".join(option.split())
+    assert '"A & B" uses every one' in words and '"A | B" the first that works' in words, words
 
 
 def test_identity_elsewhere_than_the_credentials_is_refused(echo_url: str) -> None:

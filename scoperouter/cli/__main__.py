@@ -1,0 +1,7 @@
+"""``python -m scoperouter.cli``: the console script (how the tests and the bench start routers)."""
+
+import sys
+
+from scoperouter.cli import main
+
+sys.exit(main())

@@ -1,0 +1,386 @@
+"""The commands the documentation shows are commands that work.
+
+Every ``scoperouter ...`` line of a code block in the README and the manual (``docs/``) is
+parsed by the real parser (a command, option or argument that does not exist fails); every
+``--option`` of an inline ``scoperouter ...`` in their prose is an option of that command;
+every ``python -m bench...`` / ``python -m tests.peer`` option is in that module's ``--help``;
+every ``--help`` of the router's commands ends with an example, which parses too; and the
+``scoperouter route`` examples marked ``<!-- docs-test: route -->`` (the sample config) or
+``<!-- docs-test: lab-route -->`` (the lab's federation config, generated here as ``lab up``
+generates it, without a lab) print exactly what the page says. And every file, folder or module
+the pages name (``scoperouter/proxy/combined.py``, ``scoperouter.client.scope_auth``) exists:
+the design and the manual cannot go on naming what is gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import io
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from scoperouter.cli import COMMANDS, build_parser, main
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+LAB_FEDERATION = "~/.local/share/scoperouter/lab/federation.yaml"
+OWN = ("serve", "route", "check-config", "import-catalog", "pki")  # the router's, not lab/broker
+MODULES = (
+    "bench",
+    "bench.ab",
+    "bench.wan",
+    "bench.broker",
+    "bench.broker_provision",
+    "bench.floor",
+    "tests.peer",
+)
+
+
+def _name(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+# ------------------------------------------------------------------------- reading the pages
+
+
+def code_lines(text: str) -> Iterator[str]:
+    """The lines of a page's code: fenced blocks (also inside admonitions), and 4-space
+    indented blocks (the README's); continuation lines (``\\``) joined into one."""
+    fence: str | None = None
+    previous_blank = True
+    pending = ""
+    for raw in text.splitlines():
+        stripped = raw.strip()
+        if fence is None and stripped.startswith("```"):
+            fence = raw[: raw.index("`")]
+            continue
+        if fence is not None and stripped == "```" and raw.startswith(fence):
+            fence = None
+            continue
+        indented = fence is None and raw.startswith("    ") and previous_blank
+        previous_blank = not stripped or (indented and previous_blank)
+        if fence is None and not indented:
+            continue
+        line = pending + stripped
+        if line.endswith("\\"):
+            pending = line[:-1] + " "
+            continue
+        pending = ""
+        yield line
+
+
+def commands(line: str, program: str) -> Iterator[list[str]]:
+    """The argument lists of every call of `program` on a shell line: after ``$ ``, a
+    ``.venv/bin/`` or an environment assignment, and inside ``$(...)``; the line's comment and
+    whatever follows ``&&``, ``||``, ``;`` or ``|`` is another command."""
+    inner = re.findall(rf"\$\((?:\.venv/bin/)?{program} ([^)]*)\)", line)
+    for text in inner:
+        yield shlex.split(text)
+    line = re.sub(r"\$\([^)]*\)", "SUBST", line.removeprefix("$ "))
+    try:
+        words = shlex.split(line, comments=True)
+    except ValueError:  # an unbalanced quote: not a shell line
+        return
+    command: list[str] = []
+    for word in [*words, ";"]:
+        if word in ("&&", "||", ";", "|"):
+            while command and re.fullmatch(r"[A-Z_]+=.*", command[0]):
+                command.pop(0)
+            if command and command[0] in (program, f".venv/bin/{program}"):
+                yield command[1:]
+            command = []
+        else:
+            command.append(word)
+
+
+def documented(program: str) -> list[tuple[str, list[str]]]:
+    found = []
+    for page in PAGES:
+        for line in code_lines(page.read_text()):
+            found += [(_name(page), argv) for argv in commands(line, program)]
+    return found
+
+
+# --------------------------------------------------------------------- the real parsers
+
+
+def parse(argv: list[str]) -> str | None:
+    """None when ``scoperouter ARGV`` parses, else argparse's complaint."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            build_parser().parse_args(argv)
+    except SystemExit as exc:
+        if exc.code != 0:  # --help exits 0
+            return err.getvalue().strip().splitlines()[-1]
+    return None
+
+
+def _children(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def every_parser(
+    parser: argparse.ArgumentParser | None = None,
+) -> Iterator[argparse.ArgumentParser]:
+    parser = parser or build_parser()
+    yield parser
+    for child in _children(parser).values():
+        yield from every_parser(child)
+
+
+def test_the_pages_show_scoperouter_commands() -> None:
+    """The extraction finds what the pages show (a test that found nothing would pass)."""
+    argvs = [argv for _, argv in documented("scoperouter")]
+    assert ["lab", "up"] in argvs
+    assert any(argv[:1] == ["route"] and "--scope" in argv for argv in argvs)
+    assert any(argv[:2] == ["pki", "issue"] for argv in argvs)
+    assert any(argv[:2] == ["broker", "rotate-key"] for argv in argvs)  # inside $(...)
+    assert parse(["serve", "--no-such-option"]) is not None
+
+
+def test_every_scoperouter_command_in_a_code_block_parses() -> None:
+    wrong = [
+        f"{page}: scoperouter {shlex.join(argv)}: {problem}"
+        for page, argv in documented("scoperouter")
+        if (problem := parse(argv)) is not None
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+INLINE = re.compile(r"`(?:\.venv/bin/)?scoperouter ([^`]+)`")
+
+
+def test_every_option_of_an_inline_scoperouter_command_exists() -> None:
+    """In prose (`scoperouter lab up --no-router`, table cells with [optional] parts): each
+    word names a command until the options start, and each --option is that command's."""
+    wrong = []
+    seen = 0
+    for page in PAGES:
+        for text in INLINE.findall(page.read_text()):
+            seen += 1
+            parser = build_parser()
+            for word in text.replace("\\|", "|").split():
+                if word.startswith(("-", "[")) or word == "..." or not _children(parser):
+                    break
+                choices = word.split("|")
+                if not all(choice in _children(parser) for choice in choices):
+                    wrong.append(f"{_name(page)}: `scoperouter {text}`: no command {word!r}")
+                    break
+                if len(choices) > 1:
+                    break
+                parser = _children(parser)[word]
+            options = {o for action in parser._actions for o in action.option_strings}
+            for option in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", text):
+                if option not in options:
+                    wrong.append(f"{_name(page)}: `scoperouter {text}`: no option {option}")
+    assert seen > 20
+    assert not wrong, "\n".join(wrong)
+
+
+# --------------------------------------------------------------- the modules run with -m
+
+
+@cache
+def module_help(module: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_every_option_of_a_documented_bench_or_peer_command_exists() -> None:
+    wrong = []
+    seen = set()
+    for page, argv in documented("python"):  # and .venv/bin/python
+        words = [w for w in argv if w != "-O"]
+        if words[:1] != ["-m"] or len(words) < 2 or words[1] not in MODULES:
+            continue
+        seen.add(words[1])
+        for word in words[2:]:
+            option = word.split("=", 1)[0]
+            if option.startswith("--") and option not in module_help(words[1]):
+                wrong.append(f"{page}: python -m {shlex.join(words[1:])}: no option {option}")
+    assert {"bench", "bench.wan", "tests.peer"} <= seen
+    assert not wrong, "\n".join(wrong)
+
+
+# ------------------------------------------------------------------------- --help examples
+
+
+def help_examples(text: str) -> list[list[str]]:
+    """The ``scoperouter ...`` lines of a --help text (indented, continued with ``\\``)."""
+    found = []
+    pending = ""
+    for raw in text.splitlines():
+        line = pending + raw.strip()
+        if line.endswith("\\"):
+            pending = line[:-1] + " "
+            continue
+        pending = ""
+        if raw.startswith("  ") and line.startswith("scoperouter "):
+            found.append(shlex.split(line, comments=True)[1:])
+    return found
+
+
+def test_every_help_of_the_routers_commands_ends_with_an_example_that_parses() -> None:
+    checked = []
+    for parser in every_parser():
+        words = parser.prog.split()[1:]
+        if words and words[0] not in OWN:
+            continue  # lab and broker: their packages' own
+        text = parser.format_help()
+        assert re.search(r"^examples?\b", text, re.M), f"{parser.prog} --help has no example"
+        examples = help_examples(text)
+        assert any(argv[: len(words)] == words for argv in examples), parser.prog
+        for argv in examples:
+            assert parse(argv) is None, (parser.prog, argv, parse(argv))
+        checked.append(parser.prog)
+    assert set(COMMANDS) - {"lab", "broker"} <= {p.split()[1] for p in checked[1:]}
+    assert "scoperouter pki issue" in checked
+
+
+# --------------------------------------------------------------------- scoperouter route
+
+
+def route_examples(marker: str) -> list[tuple[str, list[str], str]]:
+    """(page, argv, the output the page shows) of each console block after `marker`."""
+    found = []
+    for page in PAGES:
+        text = page.read_text()
+        for block in re.findall(rf"{re.escape(marker)}\n```console\n(.*?)\n```", text, re.S):
+            lines = block.splitlines()
+            command = lines.pop(0)
+            while command.endswith("\\"):
+                command = command[:-1] + lines.pop(0)
+            argv = shlex.split(command.removeprefix("$ "))
+            assert argv[0] in ("scoperouter", ".venv/bin/scoperouter"), command
+            found.append((_name(page), argv[1:], "\n".join(lines)))
+    return found
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    capsys.readouterr()
+    main(argv)
+    return capsys.readouterr().out.rstrip("\n")
+
+
+def test_the_route_examples_print_what_the_pages_say(capsys: pytest.CaptureFixture[str]) -> None:
+    examples = route_examples("<!-- docs-test: route -->")
+    assert len(examples) >= 3
+    for page, argv, shown in examples:
+        assert argv[argv.index("--config") + 1] == "config/federation.yaml", page
+        argv[argv.index("--config") + 1] = str(ROOT / "config" / "federation.yaml")
+        assert run(argv, capsys) == shown, f"{page}: scoperouter {shlex.join(argv)}"
+
+
+def lab_federation(directory: Path) -> Path:
+    """The federation config `scoperouter lab up` writes for its default two clouds, made as
+    the lab makes it (its catalog rows, its import, its CA and peer links), with no lab."""
+    from scoperouter_lab import files, pki
+    from scoperouter_lab.layout import SERVICE_PORTS, CloudSpec
+
+    rows = {}
+    for index in (1, 2):
+        cloud = CloudSpec(index)
+        rows[cloud] = [
+            {
+                "service_type": stype,
+                "interface": "public",
+                "url": cloud.endpoint_url(stype, routed=True),
+                "region": cloud.region,
+            }
+            for stype in SERVICE_PORTS
+        ]
+    config = pki.peer_links(files.federation_config(rows), directory / "pki")
+    path = directory / "federation.yaml"
+    path.write_text(files.dump(config, "# the lab's, made by tests/unit/test_docs_commands.py\n"))
+    return path
+
+
+def test_the_lab_route_example_prints_what_the_page_says(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The lab's routers reach each other over TLS peer links (:9443): the getting-started
+    example shows that decision, as `scoperouter route` prints it for the lab's config."""
+    examples = route_examples("<!-- docs-test: lab-route -->")
+    assert examples
+    config = lab_federation(tmp_path)
+    for page, argv, shown in examples:
+        assert argv[argv.index("--config") + 1] == LAB_FEDERATION, page
+        argv[argv.index("--config") + 1] = str(config)
+        assert run(argv, capsys) == shown, f"{page}: scoperouter {shlex.join(argv)}"
+        assert "https://127.0.0.3:9443" in shown
+
+
+# ------------------------------------------------------------ files and modules the pages name
+
+PATH = re.compile(r"`((?:scoperouter|tests|bench|lab|playbooks|deploy|config|docs|\.ci)/[^`\s]*)`")
+MODULE = re.compile(r"(?<!logger )`((?:scoperouter|scoperouter_lab)(?:\.[A-Za-z_]+)+)`")
+
+
+def _expand(path: str) -> list[str]:
+    """``scoperouter/{scope,catalog}.py`` -> both paths."""
+    found = re.search(r"\{([^}]*)\}", path)
+    if found is None:
+        return [path]
+    return [
+        expanded
+        for alternative in found.group(1).split(",")
+        for expanded in _expand(path[: found.start()] + alternative + path[found.end() :])
+    ]
+
+
+def _resolves(dotted: str) -> bool:
+    """A module, or an attribute of one (a function, a class)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            thing: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for name in parts[cut:]:
+                thing = getattr(thing, name)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def test_every_file_and_module_the_pages_name_exists() -> None:
+    """The manual, the README and the design (not the changelog: history names what was)."""
+    wrong = []
+    named = 0
+    for page in PAGES:
+        text = page.read_text()
+        for path in PATH.findall(text):
+            path = re.sub(r"[:#].*$", "", path.rstrip(".,;)"))
+            for each in _expand(path):
+                named += 1
+                if "<" not in each and not list(ROOT.glob(each)):
+                    wrong.append(f"{_name(page)}: {each} does not exist")
+        for dotted in MODULE.findall(text):
+            named += 1
+            if not _resolves(dotted):
+                wrong.append(f"{_name(page)}: {dotted} is not a module or one's attribute")
+    assert named > 50
+    assert not wrong, "\n".join(wrong)
