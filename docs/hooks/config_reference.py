@@ -31,7 +31,7 @@ from functools import cache
 from typing import Any
 
 from scoperouter.catalog import Cloud, Endpoint, Frontend, Settings
-from scoperouter.config import build_catalog
+from scoperouter.config import OBSOLETE_DATA_PATH, build_catalog
 from scoperouter.errors import ConfigError
 
 MARKER = "<!-- generated: configuration reference -->"
@@ -212,6 +212,8 @@ def settings(cls: type = Settings, path: tuple[str, ...] = ("settings",)) -> Ite
         parsed = getattr(parsed, key)
     names = {f.name for f in dataclasses.fields(cls)}
     loader = accepted_keys(path, {})
+    if path == ("settings",):
+        loader.discard(OBSOLETE_DATA_PATH)  # read with a warning, described on its own below
     if loader != names:
         raise ReferenceDrift(
             f"{_dotted(path)}: the loader accepts {sorted(loader)}, {cls.__name__} has "
@@ -332,8 +334,22 @@ def clouds_markdown() -> str:
     return "\n".join(out)
 
 
+OBSOLETE = (
+    f"An earlier version's `settings.{OBSOLETE_DATA_PATH}` is still read: `lean` (what the "
+    "router's one data path is now) with a warning to remove it; `mitmproxy` is refused with "
+    "what to do."
+)
+
+
 def reference_markdown() -> str:
-    return "## Settings\n\n" + settings_markdown() + "\n\n## Clouds\n\n" + clouds_markdown()
+    return (
+        "## Settings\n\n"
+        + settings_markdown()
+        + "\n\n"
+        + OBSOLETE
+        + "\n\n## Clouds\n\n"
+        + clouds_markdown()
+    )
 
 
 # ------------------------------------------------------------------------------ the MkDocs hook
