@@ -47,7 +47,7 @@ from scoperouter.router.state import REQUEST_ID_HEADER, RequestState
 from scoperouter.router.targets import split_url
 from scoperouter.router.tokens import TokenSwap
 from scoperouter.routing import Combined, Forward
-from scoperouter.semantics import HOP_BY_HOP
+from scoperouter.semantics import HOP_BY_HOP, header_map
 
 logger = logging.getLogger("scoperouter")
 
@@ -315,11 +315,7 @@ def _outgoing(headers: Mapping[str, str]) -> dict[str, str]:
 
 def _returned(fields: list[tuple[bytes, bytes]], keep_length: bool) -> dict[str, str]:
     """A cloud's header fields that go back to the client (lower-case names)."""
-    found: dict[str, str] = {}
-    for raw_name, raw_value in fields:
-        name = raw_name.decode("latin-1").lower()
-        value = raw_value.decode("utf-8", "surrogateescape")
-        found[name] = f"{found[name]}, {value}" if name in found else value
+    found = header_map(fields)
     drop = _NOT_RETURNED | _tokens(found.get("connection"))
     if keep_length:
         drop = drop - {"content-length"}

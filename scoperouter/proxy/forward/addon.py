@@ -45,6 +45,7 @@ from scoperouter.router.pipeline import Pipeline, Plan
 from scoperouter.router.region import regioned
 from scoperouter.router.state import REQUEST_ID_HEADER, RequestState, new_state
 from scoperouter.routing import Combined, Failover, FanOut, RequestFacts
+from scoperouter.semantics import header_map
 
 logger = logging.getLogger("scoperouter")
 
@@ -121,7 +122,8 @@ class ForwardAddon:
         request = flow.request
         path = request.path.partition("?")[0]
         url = f"{request.scheme}://{request.host}:{request.port}{path}"
-        state = new_state(request.method, url, _header_map(request.headers))
+        # In one pass over the fields: a lookup by name in mitmproxy's Headers scans them all.
+        state = new_state(request.method, url, header_map(request.headers.fields))
         entry = _Flow(state, Deadlines(flow.client_conn))
         flow.metadata[META] = entry
         self.inflight[flow.client_conn.id] = entry
@@ -314,17 +316,6 @@ def _json_response(reject: Reject) -> http.Response:
 
 def _chunked(state: RequestState) -> bool:
     return "chunked" in state.headers.get("transfer-encoding", "").lower()
-
-
-def _header_map(headers: http.Headers) -> dict[str, str]:
-    """Lower-case name -> value (repeated fields joined with ", "), in one pass over the
-    fields: a lookup by name in mitmproxy's Headers scans them all."""
-    found: dict[str, str] = {}
-    for raw_name, raw_value in headers.fields:
-        name = raw_name.decode("latin-1").lower()
-        value = raw_value.decode("utf-8", "surrogateescape")
-        found[name] = f"{found[name]}, {value}" if name in found else value
-    return found
 
 
 def _set_headers(headers: http.Headers, edits: Mapping[str, str]) -> None:
