@@ -113,6 +113,7 @@ async def exchange(
                 client.relay = None
         if status:
             status, reason, fields = conn.heads.popleft()
+            conn.deadline = None  # the head came: relay or read_whole watch the body
             return Answer(status, reason, fields, conn, sending)
         _give_up(conn, sending, conn.error or "no answer")
         # Sent again only when nothing could have reached the upstream twice: a reused
@@ -206,10 +207,12 @@ async def relay(
     version: str,
     keep: bool,
     extra: Fields,
+    timeout: float,
     body: bytes | None = None,
 ) -> bool:
     """Write the answer to `client`: its head without hop-by-hop fields, `extra` added, and
-    its body streamed (re-framed), or `body` instead when given (read whole and changed).
+    its body streamed (re-framed; an upstream that sends none of it for `timeout` seconds
+    while the client reads is cut off), or `body` instead when given (read whole, changed).
     Whether the client connection may carry another request. :class:`ExchangeError` when the
     upstream broke off in the middle (the client's connection must then be cut: it must not
     take a truncated body for a whole one); :class:`ClientGone`."""
@@ -247,6 +250,8 @@ async def relay(
         client.write(head)
     else:
         client.relay = conn
+        conn.progress_timeout = timeout
+        conn.deadline = time.monotonic() + timeout
         conn.start_relay(client, head)
         try:
             while not conn.complete and conn.error is None:
@@ -254,6 +259,7 @@ async def relay(
         finally:
             client.relay = None
             conn.sink = None
+            conn.progress_timeout = conn.deadline = None
             conn.resume_reading()
         if client.closed:
             raise ClientGone()

@@ -255,10 +255,15 @@ class Pool:
         idle.append(conn)
 
     def sweep(self, now: float) -> None:
-        """Expire the exchanges past their response deadline (each tick)."""
+        """Expire the exchanges past their response deadline (each tick). An answer whose
+        reading is paused (its client reads slowly) is not the upstream's delay: its deadline
+        moves on (the client's own is the server's unread-answer timeout)."""
         for lent in self.lent.values():
             for conn in [c for c in lent if c.deadline is not None and now >= c.deadline]:
-                conn.expire()
+                if conn.progress_timeout is not None and conn.flow and conn.flow.read_paused:
+                    conn.deadline = now + conn.progress_timeout
+                else:
+                    conn.expire()
 
     def tidy(self, now: float) -> None:
         """Close idle connections past their idle time; top warm origins up (less often)."""

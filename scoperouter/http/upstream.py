@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from collections.abc import Callable
 from typing import Literal, NamedTuple, Protocol
 
@@ -83,6 +84,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.keep_alive = False
         self.error: str | None = None
         self.deadline: float | None = None  # time.monotonic(): the response timeout
+        self.progress_timeout: float | None = None  # while a body streams: each piece restarts
         self.timed_out = False
         self._waiter: asyncio.Future[None] | None = None
         self._reason = b""
@@ -216,6 +218,8 @@ class UpstreamConnection(asyncio.Protocol):
             return
         self._progress = True
         self._overhead = 0
+        if self.progress_timeout is not None:
+            self.deadline = time.monotonic() + self.progress_timeout
         if self.sink is None:
             # Before the exchange has written the answer's head (the whole answer may come in
             # one read): kept until then, reading paused if it grows.
@@ -271,6 +275,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.complete = False
         self.error = None
         self.deadline = None
+        self.progress_timeout = None
         self.timed_out = False
 
     async def wait(self) -> None:

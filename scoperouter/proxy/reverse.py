@@ -246,6 +246,7 @@ class _Answering:
                 version=request.version,
                 keep=self.keep and not conn.draining,
                 extra=self._id(state),
+                timeout=plan.response_timeout,
                 body=body,
             )
         except ExchangeError as exc:
