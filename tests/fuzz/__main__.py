@@ -157,13 +157,16 @@ class Harness:
         self.routers: list[Router] = []
         self.haproxy: subprocess.Popen[bytes] | None = None
         self.addresses: dict[str, tuple[str, int]] = {}
-        self.outcomes: dict[int, tuple[Input, Answers, Answers | None]] = {}
+        self.compared: list[int] = []  # frontend inputs HAProxy got too (no stall)
+        self.done = 0
 
     # -- processes
 
     def start(self) -> None:
-        one = self.backends["one"] = RecordingBackend("127.0.1.64", "CloudOne").start()
-        two = self.backends["two"] = RecordingBackend("127.0.1.65", "CloudTwo").start()
+        one = self.backends["one"] = RecordingBackend("127.0.1.64", "CloudOne", keep_body=64)
+        two = self.backends["two"] = RecordingBackend("127.0.1.65", "CloudTwo", keep_body=64)
+        one.start()
+        two.start()
         front_one, front_two, proxy = free_port(ONE), free_port(TWO), free_port(ONE)
         config = write_config(
             self.work / "federation.yaml",
@@ -186,7 +189,8 @@ class Harness:
             self._start_haproxy(path)
 
     def _start_haproxy(self, path: str) -> None:
-        backend = self.backends["haproxy"] = RecordingBackend("127.0.1.66", "HAProxy").start()
+        backend = RecordingBackend("127.0.1.66", "HAProxy", keep_body=64).start()
+        self.backends["haproxy"] = backend
         port = free_port(HAPROXY)
         config = self.work / "haproxy.cfg"
         config.write_text(
@@ -254,21 +258,17 @@ class Harness:
                 item = generate(args.seed, n, front, backend)
                 head = item.data.startswith(b"HEAD ")
                 data, seconds = await send(self.addresses[item.where], item)
-                router = check_answers(data, head)
-                router.seconds = seconds
-                other = None
-                if "haproxy" in self.addresses and item.where == "frontend":
-                    hdata, hseconds = await send(self.addresses["haproxy"], item)
-                    other = check_answers(hdata, head)
-                    other.seconds = hseconds
-                self.outcomes[n] = (item, router, other)
+                self._record(n, item, check_answers(data, head), seconds)
+                if "haproxy" in self.addresses and item.where == "frontend" and not item.stall:
+                    await send(self.addresses["haproxy"], item)
+                    self.compared.append(n)
                 if args.show:
                     print(f"input {n} ({item.family}, {item.where}): {item.data!r}")
                     print(f"router: {data!r}")
 
         n = numbers[0] if numbers else 0
         pending: set[asyncio.Task[None]] = set()
-        while (numbers is None and n < limit) or (numbers is not None and not self.outcomes):
+        while (numbers is None and n < limit) or (numbers is not None and not self.done):
             if time.monotonic() - started > args.seconds:
                 break
             if n == warm and not before:
@@ -285,7 +285,7 @@ class Harness:
                 break
         await asyncio.gather(*pending)
         self.report.seconds = time.monotonic() - started
-        self.report.inputs = len(self.outcomes)
+        self.report.inputs = self.done
         await asyncio.sleep(LIMITS["idle_timeout"] + 0.5)  # idle connections close
         after = self.rss()
         self.report.rss_mb = {
@@ -294,20 +294,27 @@ class Harness:
 
     # -- the invariants
 
+    def _record(self, n: int, item: Input, router: Answers, seconds: float | None) -> None:
+        """One input's answers, checked as they come (nothing of it is kept but counts)."""
+        report = self.report
+        self.done += 1
+        report.families[item.family] += 1
+        for status in router.statuses or [0]:
+            report.statuses[f"{status // 100}xx" if status else "closed"] += 1
+        for problem in router.problems:
+            report.violations.append(f"input {n}: {problem}")
+        if seconds is None:
+            report.violations.append(f"input {n}: not answered nor closed in {DEADLINE:g}s")
+        else:
+            report.slowest_close = max(report.slowest_close, seconds)
+
     def check(self) -> None:
         report = self.report
-        for n, (item, router, other) in self.outcomes.items():
-            report.families[item.family] += 1
-            for status in router.statuses or [0]:
-                report.statuses[f"{status // 100}xx" if status else "closed"] += 1
-            for problem in router.problems:
-                report.violations.append(f"input {n}: {problem}")
-            if router.seconds is None:
-                report.violations.append(f"input {n}: not answered nor closed in {DEADLINE:g}s")
-            else:
-                report.slowest_close = max(report.slowest_close, router.seconds)
-            if other is not None and not item.stall:
-                self._compare(n, item)
+        if "haproxy" in self.backends:
+            ours = _forwarded(self.backends["one"]) + _forwarded(self.backends["two"])
+            theirs = _forwarded(self.backends["haproxy"])
+            for n in self.compared:
+                self._compare(n, ours[b"fz%d" % n] > 0, theirs[b"fz%d" % n] > 0)
         logs = {r.cloud: r for r in self.routers}
         for name, cloud in (("one", "CloudOne"), ("two", "CloudTwo")):
             access = {e.get("request_id"): e for e in logs[cloud].access()}
@@ -349,26 +356,27 @@ class Harness:
         ):
             self.report.violations.append(f"{what} that its router's access log does not show")
 
-    def _compare(self, n: int, item: Input) -> None:
-        ours = _forwarded(self.backends["one"], n) + _forwarded(self.backends["two"], n)
-        theirs = _forwarded(self.backends["haproxy"], n)
+    def _compare(self, n: int, ours: bool, theirs: bool) -> None:
         key = {
             (True, True): "forwarded by both",
             (False, False): "refused by both",
             (False, True): "refused by the router only",
             (True, False): "forwarded by the router only",
-        }[(ours > 0, theirs > 0)]
+        }[(ours, theirs)]
         self.report.differential[key] += 1
         examples = self.report.examples.setdefault(key, [])
         if len(examples) < 5 and key not in ("forwarded by both", "refused by both"):
             examples.append(n)
 
 
-def _forwarded(backend: RecordingBackend, n: int) -> int:
-    mark = b"fz%d" % n
-    return sum(
-        1 for r in backend.requests if r.complete and mark in r.values(b"x-scope-request-id")
-    )
+def _forwarded(backend: RecordingBackend) -> Counter[bytes]:
+    """How many complete requests `backend` received per request id."""
+    found: Counter[bytes] = Counter()
+    for received in backend.requests:
+        if received.complete:
+            for value in received.values(b"x-scope-request-id"):
+                found[value] += 1
+    return found
 
 
 def _which(name: str) -> str | None:

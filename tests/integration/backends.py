@@ -371,7 +371,7 @@ class Received:
     version: str = ""
     fields: list[tuple[bytes, bytes]] = field(default_factory=list)  # the head's, as sent
     trailers: list[tuple[bytes, bytes]] = field(default_factory=list)
-    body: bytearray = field(default_factory=bytearray)  # the first RECORDED_BODY bytes
+    body: bytearray = field(default_factory=bytearray)  # its first bytes (keep_body of them)
     body_length: int = 0
     complete: bool = False  # the whole message came (else the connection ended first)
 
@@ -445,8 +445,9 @@ class _Recorder(asyncio.Protocol):
         current = self.current
         assert current is not None
         current.body_length += len(body)
-        if len(current.body) < RECORDED_BODY:
-            current.body += body[: RECORDED_BODY - len(current.body)]
+        keep = self.backend.keep_body
+        if len(current.body) < keep:
+            current.body += body[: keep - len(current.body)]
 
     def on_message_complete(self) -> None:
         current = self.current
@@ -473,17 +474,19 @@ class RecordingBackend:
     as sent, trailer fields, the body, whether each message was complete, every byte received
     (:attr:`raw`) and what its own parser refused (:attr:`errors`). It answers each complete
     request 200 with a small JSON body, or, when `early` returns bytes for a head, those
-    bytes at once (an upstream that answers before the body is in). An asyncio server in a
-    thread of its own; loopback only."""
+    bytes at once (an upstream that answers before the body is in). Bodies are kept up to
+    `keep_body` bytes (their length is always counted). An asyncio server in a thread of its
+    own; loopback only."""
 
     def __init__(
         self,
         host: str = "127.0.0.1",
         name: str = "recorder",
         early: Callable[[Received], bytes | None] = _no_early_answer,
+        keep_body: int = RECORDED_BODY,
     ) -> None:
         _check_loopback(host)
-        self.host, self.name, self.early = host, name, early
+        self.host, self.name, self.early, self.keep_body = host, name, early, keep_body
         self.port = 0
         self.requests: list[Received] = []
         self.raw = bytearray()

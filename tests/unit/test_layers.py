@@ -85,7 +85,7 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
         state[node] = 1
         for nxt in sorted(edges.get(node, ())):
             if state.get(nxt) == 1:
-                found.append([*trail[trail.index(nxt):], nxt])
+                found.append([*trail[trail.index(nxt) :], nxt])
             elif nxt not in state:
                 visit(nxt, [*trail, nxt])
         state[node] = 2
