@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
 import subprocess
@@ -24,7 +25,6 @@ import sys
 import tempfile
 import time
 from collections import Counter
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
