@@ -1,0 +1,102 @@
+"""``PATCH /v2/service_instances/:instance_id``: update plan, parameters, maintenance_info or
+context (asynchronous; nothing to change: 200 ``{}`` at once)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scoperouter.broker import models
+from scoperouter.broker.osb.common import (
+    EMPTY,
+    Endpoints,
+    OSBError,
+    Reply,
+    RequestFacts,
+    accepted,
+    async_required,
+    bad_request,
+    check_id,
+    concurrency,
+    maintenance_conflict,
+    validate,
+)
+from scoperouter.broker.store import GONE, PROVISIONED, UPDATING, request_hash
+
+UpdateReply = Reply[models.AsyncResponse] | Reply[models.EmptyResponse]
+
+
+def update(
+    ep: Endpoints,
+    instance_id: str,
+    body: models.UpdateRequest,
+    accepts_incomplete: bool,
+    facts: RequestFacts,
+) -> UpdateReply:
+    check_id("instance_id", instance_id)
+    with ep.store.write() as session:
+        instance = ep.store.instance(session, instance_id)
+        if instance is None or instance.state == GONE:
+            raise OSBError(404, f"no instance {instance_id}")
+        if body.service_id != instance.service_id:
+            raise bad_request(f"service_id: instance {instance_id} is not of this service")
+        current = ep.plan(instance.service_id, instance.plan_id)
+        target_plan = body.plan_id or instance.plan_id
+        ref = ep.plan(instance.service_id, target_plan)
+        if target_plan != instance.plan_id and not current.plan_updateable:
+            raise OSBError(
+                422,
+                f"plan {current.plan.name} cannot be changed to {ref.plan.name}",
+                update_repeatable=False,
+            )
+        if body.parameters is not None:
+            validate(ref, "instance_update", "update", body.parameters)
+        maintenance_conflict(ref, body.maintenance_info)
+        parameters = (
+            {**instance.parameters, **body.parameters}
+            if body.parameters is not None
+            else dict(instance.parameters)
+        )
+        maintenance = body.maintenance_info.version if body.maintenance_info else None
+        digest = request_hash(
+            {"plan_id": target_plan, "parameters": body.parameters, "maintenance_info": maintenance}
+        )
+        active = ep.active(session, instance)
+        if active is not None:
+            if active.kind == "update" and active.request_hash == digest:
+                if not accepts_incomplete:
+                    raise async_required(f"updating {instance_id}")
+                return accepted(active.id)
+            raise concurrency(
+                f"instance {instance_id} has an operation in progress ({active.kind})"
+            )
+        if instance.state != PROVISIONED:
+            raise OSBError(
+                422,
+                f"instance {instance_id} is {instance.state}: it cannot be updated (delete it)",
+                instance_usable=False,
+                update_repeatable=False,
+            )
+        changes = (
+            target_plan != instance.plan_id
+            or parameters != instance.parameters
+            or (maintenance is not None and maintenance != instance.maintenance_version)
+        )
+        if not changes:
+            if body.context is not None and ref.entry.allow_context_updates:
+                instance.context = dict(body.context)
+            return Reply(200, EMPTY)
+        if not accepts_incomplete:
+            raise async_required(f"updating {ref.entry.name}")
+        request: dict[str, Any] = {"plan_id": target_plan, "parameters": parameters}
+        if maintenance:
+            request["maintenance_version"] = maintenance
+        if body.context is not None and ref.entry.allow_context_updates:
+            request["context"] = dict(body.context)
+        op = ep.new_op("update", instance_id, ref, facts, request=request, digest=digest)
+        ep.store.add(session, op)
+        if not ep.store.claim_instance(session, instance, op.id):
+            raise concurrency(f"instance {instance_id} has an operation in progress")
+        instance.state = UPDATING
+        reply = accepted(op.id)
+    ep.wake()
+    return reply
