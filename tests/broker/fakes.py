@@ -76,9 +76,12 @@ class FakeService(Service):
         return path
 
     def catalog(self) -> CatalogEntry:
+        # `updatable: false` in its settings: a service that cannot update its instances
+        # (no update schema, plans fixed), as openstack-server and openstack-image
+        updatable = bool(self.settings.get("updatable", True))
         schemas = Schemas(
             instance_create=CREATE_SCHEMA,
-            instance_update=UPDATE_SCHEMA,
+            instance_update=UPDATE_SCHEMA if updatable else None,
             binding_create=BIND_SCHEMA,
         )
         return CatalogEntry(
@@ -86,7 +89,7 @@ class FakeService(Service):
             name="fake",
             description="A fake service for the broker's tests",
             bindable=True,
-            plan_updateable=True,
+            plan_updateable=updatable,
             binding_rotatable=True,
             allow_context_updates=True,
             plans=(

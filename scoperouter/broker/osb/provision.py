@@ -12,6 +12,7 @@ from scoperouter.broker.osb.common import (
     RequestFacts,
     accepted,
     async_required,
+    bad_request,
     check_id,
     concurrency,
     instance_metadata,
@@ -41,6 +42,13 @@ def provision(
 ) -> ProvisionReply:
     check_id("instance_id", instance_id)
     ref = ep.plan(body.service_id, body.plan_id)
+    if body.context is None:
+        # OSB 2.17: both are required (deprecated in favour of `context`, which names the
+        # platform's space when they are absent); without either, the instance would land in
+        # a space shared by every such request
+        for name in ("organization_guid", "space_guid"):
+            if getattr(body, name) is None:
+                raise bad_request(f"{name}: required when the request has no context (OSB 2.17)")
     parameters = dict(body.parameters or {})
     validate(ref, "instance_create", "provision", parameters)
     maintenance_conflict(ref, body.maintenance_info)

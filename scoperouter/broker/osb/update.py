@@ -3,6 +3,7 @@ context (asynchronous; nothing to change: 200 ``{}`` at once)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from scoperouter.broker import models
@@ -20,9 +21,11 @@ from scoperouter.broker.osb.common import (
     maintenance_conflict,
     validate,
 )
+from scoperouter.broker.runtime import PlanRef
 from scoperouter.broker.store import GONE, PROVISIONED, UPDATING, request_hash
 
 UpdateReply = Reply[models.AsyncResponse] | Reply[models.EmptyResponse]
+_ABSENT = object()
 
 
 def update(
@@ -49,7 +52,7 @@ def update(
                 update_repeatable=False,
             )
         if body.parameters is not None:
-            validate(ref, "instance_update", "update", body.parameters)
+            updatable(ref, instance.parameters, body.parameters)
         maintenance_conflict(ref, body.maintenance_info)
         parameters = (
             {**instance.parameters, **body.parameters}
@@ -100,3 +103,28 @@ def update(
         reply = accepted(op.id)
     ep.wake()
     return reply
+
+
+def updatable(ref: PlanRef, current: Mapping[str, Any], given: Mapping[str, Any]) -> None:
+    """Refuse at once, changing nothing, an update of parameters the plan cannot update.
+
+    The catalog says what can change: the plan's ``schemas.service_instance.update``. The
+    parameters whose value differs from the instance's are checked against it (a value equal
+    to the current one is no change: Kubernetes Service Catalog sends every parameter on each
+    update); with no update schema, changing any parameter is 422 (OSB: "the requested change
+    is not supported"), with ``update_repeatable: false``. Without this, the platform would
+    get 202 and then an update that fails, and can never succeed."""
+    changing = {k: v for k, v in given.items() if current.get(k, _ABSENT) != v}
+    if not changing:
+        return
+    if "instance_update" not in ref.validators:
+        name = sorted(changing)[0]
+        raise OSBError(
+            422,
+            f"parameters.{name}: plan {ref.plan.name} of {ref.entry.name} has no updatable "
+            "parameters (its catalog entry has no schemas.service_instance.update); "
+            "nothing was changed: create a new instance to change them",
+            instance_usable=True,
+            update_repeatable=False,
+        )
+    validate(ref, "instance_update", "update", changing)
