@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft4Validator
@@ -185,6 +186,32 @@ def load_plugin(path: str) -> type[Service]:
     return cls
 
 
+def defined_service(name: str, kind: str) -> type[Service]:
+    """The class of a service defined without Python (`type` in its config section)."""
+    if kind == "ansible":
+        from scoperouter.broker.services.ansible.service import service_class
+
+        return service_class(name)
+    raise BrokerConfigError(f"services.{name}: type {kind}: not available in this broker")
+
+
+def resolve_paths(config: BrokerConfig, kind: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """Paths in a defined service's settings, relative to the config file."""
+    out = dict(settings)
+    keys = ("pack", "work_dir") if kind == "ansible" else ("templates_dir",)
+    for key in keys:
+        if out.get(key):
+            out[key] = str(config.path(Path(str(out[key]))))
+    if kind == "heat":
+        plans = []
+        for plan in out.get("plans") or []:
+            if isinstance(plan, Mapping) and plan.get("template"):
+                plan = {**plan, "template": str(config.path(Path(str(plan["template"]))))}
+            plans.append(plan)
+        out["plans"] = plans
+    return out
+
+
 def service_classes() -> dict[str, type[Service]]:
     """Services installed as plug-ins (entry point group ``scoperouter.broker.services``)."""
     found: dict[str, type[Service]] = {}
@@ -215,13 +242,21 @@ class Broker:
         self.plans: dict[tuple[str, str], PlanRef] = {}
         self.offerings: dict[str, CatalogEntry] = {}
         for name, svc_config in config.enabled_services().items():
-            cls = load_plugin(svc_config.plugin) if svc_config.plugin else classes.get(name)
+            settings = svc_config.service_settings()
+            cls: type[Service] | None
+            if svc_config.type is not None:
+                cls = defined_service(name, svc_config.type)
+                settings = resolve_paths(config, svc_config.type, settings)
+            elif svc_config.plugin:
+                cls = load_plugin(svc_config.plugin)
+            else:
+                cls = classes.get(name)
             if cls is None:
                 known = ", ".join(sorted(classes)) or "none"
                 raise BrokerConfigError(
                     f"services.{name}: no such service plug-in (installed: {known})"
                 )
-            service = cls(svc_config.service_settings(), self.clouds)
+            service = cls(settings, self.clouds)
             entry = service.catalog()
             if entry.id in self.offerings:
                 raise BrokerConfigError(f"services.{name}: service id {entry.id} used twice")

@@ -191,6 +191,14 @@ class Clouds(Protocol):
         """The keystone region of `cloud` (clouds.yaml `region_name` of a binding)."""
         ...
 
+    def session_entry(
+        self, cloud: str, *, project_id: str | None = None, scope: str | None = None
+    ) -> dict[str, Any]:
+        """A clouds.yaml entry for a tool the broker runs (a playbook): a token of the
+        broker's account scoped to `project_id` in `cloud`, at the cloud's router, with the
+        routing scope `scope` (JSON text) when given. The token is a secret."""
+        ...
+
 
 # ------------------------------------------------------------------- what a pass can see
 
@@ -248,6 +256,12 @@ class OperationContext(abc.ABC):
         """A DELETE arrived for the instance (binding) while this provision (bind) ran: stop
         building and return (any outcome: the operation is recorded as stopped)."""
 
+    @property
+    def stopping(self) -> bool:
+        """The pass should end now: :attr:`cancelled`, or this worker lost the operation's
+        lease (another owns it; its outcome would be dropped). For a pass that runs long."""
+        return self.cancelled
+
     @abc.abstractmethod
     def save(self, **progress: Any) -> None:
         """Merge `progress` into the operation's saved progress and commit it now (so a pass
@@ -261,6 +275,23 @@ class OperationContext(abc.ABC):
     def set_resources(self, **ids: Any) -> None:
         """Merge OpenStack ids into the instance's (or, for bind/unbind, the binding's)
         resources; commits. E.g. ``set_resources(project_id=..., server_id=...)``."""
+
+    def describe(self, text: str) -> None:
+        """Show `text` as the operation's description (``last_operation``) while the pass
+        runs: for a pass that takes long (a playbook, task by task). Best effort; commits."""
+        return None
+
+    @property
+    def secrets(self) -> Mapping[str, Any]:
+        """What earlier operations of the instance kept with :meth:`keep_secrets` (decrypted;
+        never shown in GET, metadata or logs)."""
+        return {}
+
+    def keep_secrets(self, **values: Any) -> None:
+        """Merge `values` into the instance's secrets, stored encrypted (a key pair's private
+        key that only its creation returns, for later binds); commits. A value None removes
+        its key."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no secrets")
 
 
 # ------------------------------------------------------------------------- the service
