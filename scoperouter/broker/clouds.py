@@ -161,6 +161,23 @@ class FederationClouds:
             entry["vendor_hook"] = "scoperouter.client:connection_hook"
         return entry
 
+    def endpoints(
+        self, cloud: str, *, project_id: str | None = None, scope: str | None = None
+    ) -> dict[str, str]:
+        """Public endpoints by service type in the token's catalog, in the cloud's region
+        (the first of a type; the catalog advertises the routers' URLs)."""
+        conn = self.connect(cloud, project_id=project_id, scope=scope)
+        auth: Any = conn.session.auth  # an identity plugin: it holds the token's catalog
+        access = auth.get_access(conn.session)
+        found = access.service_catalog.get_endpoints(
+            interface="public", region_name=self.region(cloud)
+        )
+        return {
+            str(service_type): str(listed[0]["url"])
+            for service_type, listed in found.items()
+            if listed and listed[0].get("url")
+        }
+
     def capacity(self, cloud: str) -> Capacity:
         """Free capacity of `cloud` per resource class, from placement through its router:
         for each resource provider, (total - reserved) * allocation_ratio - used. Cached for

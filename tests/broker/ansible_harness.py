@@ -47,6 +47,9 @@ class PackClouds:
     def region(self, cloud: str) -> str:
         return cloud
 
+    def endpoints(self, cloud: str, **_: Any) -> dict[str, str]:
+        return {"object-store": "http://127.0.0.9:8080/v1/AUTH_p"}
+
     def session_entry(self, cloud: str, **_: Any) -> dict[str, Any]:
         return {
             "auth_type": "v3token",

@@ -38,6 +38,8 @@ class Saved:
     cloud: str | None = None
     resources: dict[str, Any] = field(default_factory=dict)
     saves: int = 0
+    secrets: dict[str, Any] = field(default_factory=dict)
+    descriptions: list[str] = field(default_factory=list)
 
 
 class MemoryOperation(OperationContext):
@@ -85,6 +87,16 @@ class MemoryOperation(OperationContext):
 
     def set_resources(self, **ids: Any) -> None:
         self.saved.resources.update(ids)
+
+    def describe(self, text: str) -> None:
+        self.saved.descriptions.append(text)
+
+    @property
+    def secrets(self) -> Mapping[str, Any]:
+        return dict(self.saved.secrets)
+
+    def keep_secrets(self, **values: Any) -> None:
+        self.saved.secrets.update(values)
 
 
 DEFAULT_CONTEXT = {"platform": "cloudfoundry", "organization_guid": "org", "space_guid": "space"}

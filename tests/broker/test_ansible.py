@@ -371,3 +371,125 @@ def test_a_pack_s_catalog_places_with_where_and_says_what_is_updatable(tmp_path:
     other = load_pack(_pack_dir(tmp_path / "b", elsewhere, ("provision.yml", "deprovision.yml")))
     with pytest.raises(BrokerConfigError, match=r"placement\.default: where\.cloud: 'X'"):
         other.check_clouds(("CloudOne",))
+
+
+# ------------------------------------------- placement and what a run gets (no Ansible)
+
+
+class _Recorder:
+    """Stands in for Playbooks: records each run, answers successful with `stats`."""
+
+    def __init__(self, stats: dict[str, Any]) -> None:
+        self.stats = stats
+        self.runs: list[Any] = []
+
+    def run(self, spec: Any) -> Any:
+        from scoperouter.broker.services.ansible.playbook import RunResult
+
+        self.runs.append(spec)
+        return RunResult(status="successful", rc=0, stats=dict(self.stats), tasks=3, changed=2)
+
+
+def _server_pack_service(tmp_path: Path, clouds: Any) -> Any:
+    from scoperouter.broker.services.ansible.service import service_class
+
+    pack = Path(__file__).resolve().parents[2] / "broker-packs" / "openstack-server-keypair"
+    cls = service_class("openstack-server-keypair")
+    return cls({"pack": str(pack), "work_dir": str(tmp_path / "work")}, clouds)
+
+
+class _PackFederation:
+    """test_server's two fake clouds, plus what a pack's run asks of them."""
+
+    def __init__(self, **overrides: dict[str, Any]) -> None:
+        from tests.broker.test_server import federation
+
+        self.inner = federation(**overrides)
+        self.entries: list[tuple[str, str | None, str | None]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def session_entry(
+        self, cloud: str, *, project_id: str | None = None, scope: str | None = None
+    ) -> dict[str, Any]:
+        self.entries.append((cloud, project_id, scope))
+        return {"auth_type": "v3token", "auth": {"token": f"token-of-{cloud}"}}
+
+    def endpoints(self, cloud: str, **_: Any) -> dict[str, str]:
+        return {"compute": f"http://{cloud}:8774/v2.1"}
+
+
+def test_a_pack_is_placed_once_and_each_run_gets_its_cloud_project_and_scope(
+    tmp_path: Path,
+) -> None:
+    from tests.broker.passes import MemoryOperation, Saved, after, instance
+    from tests.broker.test_server import FakeIdentity
+
+    clouds = _PackFederation(CloudOne={"free": 0.2}, CloudTwo={"free": 0.9})
+    service = _server_pack_service(tmp_path, clouds)
+    recorder = _Recorder(
+        {"server_id": "srv-1", "cloud": "ignored", "osb_secrets": {"private_key": "K" * 40}}
+    )
+    service.playbooks = recorder
+    plan = service.catalog().plans[0]
+    saved = Saved()
+    view = instance("i-1", {"image": "cirros"})
+    op = MemoryOperation("provision", view, plan, clouds, saved, identity=FakeIdentity())  # type: ignore[arg-type]
+    outcome = service.provision(op)
+    assert outcome.description == "provision.yml succeeded in CloudTwo: 3 task(s), 2 changed"
+    [spec] = recorder.runs
+    assert clouds.entries == [("CloudTwo", "project-CloudTwo", None)]  # the freer cloud
+    variables = spec.extravars
+    assert variables["osb_cloud"] == "CloudTwo" and variables["flavor"] == "m1.tiny"
+    assert variables["osb_name"] == "osb-i-1"
+    assert variables["osb_tags"] == ["osb", "osb-instance-i-1"]
+    assert variables["osb_parameters"] == {"image": "cirros"}
+    assert variables["osb_endpoints"] == {"compute": "http://CloudTwo:8774/v2.1"}
+    assert spec.clouds_yaml == {
+        "clouds": {"osb": {"auth_type": "v3token", "auth": {"token": "token-of-CloudTwo"}}}
+    }
+    assert spec.scrub("token-of-CloudTwo") == HIDDEN
+    # set_stats: metadata, except the broker's keys; osb_secrets kept apart
+    assert saved.resources == {
+        "cloud": "CloudTwo",
+        "project_id": "project-CloudTwo",
+        "scope": None,
+        "server_id": "srv-1",
+    }
+    assert saved.secrets == {"private_key": "K" * 40}
+    # a re-run (the pass repeated after a crash) keeps the cloud chosen first
+    clouds.inner.clouds["CloudOne"].free = 1.0
+    service.provision(
+        MemoryOperation("provision", view, plan, clouds, saved, identity=FakeIdentity())
+    )  # type: ignore[arg-type]
+    assert [e[0] for e in clouds.entries] == ["CloudTwo", "CloudTwo"]
+    # later operations run where the instance is, with its kept secrets scrubbed
+    update = MemoryOperation(
+        "update", after(view, saved), plan, clouds, saved, identity=FakeIdentity()
+    )  # type: ignore[arg-type]
+    service.update(update)
+    assert recorder.runs[-1].playbook == "update.yml"
+    assert recorder.runs[-1].scrub("K" * 40) == HIDDEN
+
+
+def test_a_scope_enters_at_its_compute_cloud_and_every_run_carries_it(tmp_path: Path) -> None:
+    from tests.broker.passes import MemoryOperation, Saved, instance
+    from tests.broker.test_server import FakeIdentity
+
+    clouds = _PackFederation()
+    service = _server_pack_service(tmp_path, clouds)
+    service.playbooks = recorder = _Recorder({})
+    where = {"scope": {"compute": "CloudOne", "image": "CloudTwo"}}
+    view = instance("i-2", {"image": "CloudTwo-img", "where": where})
+    saved = Saved()
+    op = MemoryOperation(
+        "provision", view, service.catalog().plans[0], clouds, saved, identity=FakeIdentity()
+    )  # type: ignore[arg-type]
+    outcome = service.provision(op)
+    assert "in CloudOne (scope " in outcome.description
+    [(cloud, project, scope)] = clouds.entries
+    assert (cloud, project) == ("CloudOne", "project-CloudOne")
+    assert json.loads(scope or "") == {"compute": "CloudOne", "image": "CloudTwo"}
+    assert recorder.runs[0].extravars["osb_scope"] == {"compute": "CloudOne", "image": "CloudTwo"}
+    assert saved.resources["scope"] == scope

@@ -199,6 +199,14 @@ class Clouds(Protocol):
         routing scope `scope` (JSON text) when given. The token is a secret."""
         ...
 
+    def endpoints(
+        self, cloud: str, *, project_id: str | None = None, scope: str | None = None
+    ) -> dict[str, str]:
+        """The public endpoint of each service type in the catalog that connection sees
+        (the routers' URLs, the project substituted: ``{"object-store":
+        "http://.../v1/AUTH_<project>"}``), for a tool that must name one."""
+        ...
+
 
 # ------------------------------------------------------------------- what a pass can see
 

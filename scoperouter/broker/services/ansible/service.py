@@ -290,7 +290,9 @@ class AnsibleService(Service):
     ) -> RunResult:
         cloud = str(target["cloud"])
         project_id = target.get("project_id")
-        entry = op.clouds.session_entry(cloud, project_id=project_id, scope=target.get("scope"))
+        scope = target.get("scope")
+        entry = op.clouds.session_entry(cloud, project_id=project_id, scope=scope)
+        endpoints = op.clouds.endpoints(cloud, project_id=project_id, scope=scope)
         kept = dict(op.secrets)
         scrub = Scrubber([entry.get("auth", {}).get("token"), kept])
         secret_names = self.pack.secret_names()
@@ -307,7 +309,11 @@ class AnsibleService(Service):
             marker=marker(op.instance.id),
             project_dir=self.pack.directory,
             playbook=playbook,
-            extravars={**plan_vars, **self._extravars(op, cloud, target, credential, kept)},
+            extravars={
+                **plan_vars,
+                **self._extravars(op, cloud, target, credential, kept),
+                "osb_endpoints": endpoints,
+            },
             clouds_yaml={"clouds": {"osb": entry}},
             timeout=timeout,
             scrub=scrub,
