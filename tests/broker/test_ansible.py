@@ -95,13 +95,16 @@ def pack(db_url: str, tmp_path: Path) -> Iterator[PackHarness]:
     h.close()
 
 
-def _until(predicate: Callable[[], Any], timeout: float, what: str) -> None:
+def _until(
+    predicate: Callable[[], Any], timeout: float, what: str, log: Path | None = None
+) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if predicate():
             return
         time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    tail = f"; its log:\n{log.read_text()[-3000:]}" if log is not None and log.exists() else ""
+    raise AssertionError(f"timed out waiting for {what}{tail}")
 
 
 def _leftovers(instance_id: str) -> int:
@@ -229,11 +232,10 @@ def test_delete_during_provisioning_stops_the_playbook_and_removes_what_it_built
         response = pack.provision(INSTANCE, {"sleep": 120})
         assert response.status_code == 202
         provision_op = response.json()["operation"]
-        slept = pack.state_dir / f"osb-{INSTANCE}.slept"
-        _until(slept.exists, 60, "the provision playbook to sleep")
-        running = pack.state(INSTANCE)
-        assert running["state"] == "in progress"
-        assert running["description"] == ("provision: running provision.yml in FakeCloud: Sleep")
+        # the description follows the playbook, task by task
+        sleeping = "provision: running provision.yml in FakeCloud: Sleep"
+        _until(lambda: pack.state(INSTANCE).get("description") == sleeping, 90, "the sleep")
+        assert (pack.state_dir / f"osb-{INSTANCE}.slept").exists()
         assert pack.deprovision(INSTANCE).status_code == 202
         _until(lambda: pack.last_operation(INSTANCE).status_code == 410, 60, "the deprovision")
     finally:
@@ -258,8 +260,13 @@ def test_a_worker_killed_mid_playbook_is_re_run_and_converges(db_url: str, tmp_p
         assert response.status_code == 202
         worker = WorkerProcess(h.data, h.key, tmp_path / "worker.log")
         try:
-            slept = h.state_dir / f"osb-{INSTANCE}.slept"
-            _until(slept.exists, 90, "the provision playbook to sleep")
+            sleeping = "provision: running provision.yml in FakeCloud: Sleep"
+            _until(
+                lambda: h.state(INSTANCE).get("description") == sleeping,
+                120,
+                "the provision playbook to sleep",
+                tmp_path / "worker.log",
+            )
             [playbook] = [pid for pid, parent in _processes(INSTANCE) if parent == worker.proc.pid]
         finally:
             worker.kill()
