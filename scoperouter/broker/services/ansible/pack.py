@@ -50,6 +50,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from scoperouter.broker import placement
 from scoperouter.broker.config import BrokerConfigError
+from scoperouter.broker.services import placed
 from scoperouter.broker.services.base import (
     DRAFT4,
     CatalogEntry,
@@ -57,11 +58,11 @@ from scoperouter.broker.services.base import (
     Schemas,
     stable_id,
 )
+from scoperouter.broker.services.placed import PlacementSpec
 
 ACTIONS = ("provision", "update", "deprovision", "bind", "unbind")
 Action = Literal["provision", "update", "deprovision", "bind", "unbind"]
 NAME = r"^[a-z0-9][a-z0-9._-]{0,62}$"
-WHERE_PARAMETER = "where"
 
 
 class _Strict(BaseModel):
@@ -78,14 +79,6 @@ class PlanSpec(_Strict):
     vars: dict[str, Any] = Field(default_factory=dict)
     demand: dict[str, float] | None = None
     maximum_polling_duration: int | None = Field(default=None, gt=0)
-
-
-class PlacementSpec(_Strict):
-    # the `where` used when a provision gives none
-    default: dict[str, Any] | None = None
-    # offer `where` to platforms (false: always `default`)
-    parameter: bool = True
-    demand: dict[str, float] = Field(default_factory=dict)
 
 
 class BindingSpec(_Strict):
@@ -170,10 +163,8 @@ class Pack:
 
     def check_clouds(self, clouds: tuple[str, ...]) -> None:
         """The `where` of placement.default names clouds of the broker."""
-        if self.spec.placement.default is None:
-            return
         try:
-            placement.parse_where(self.spec.placement.default, clouds)
+            placed.check_default(self.spec.placement, clouds)
         except placement.PlacementError as exc:
             raise BrokerConfigError(f"{self._where()}: placement.default: {exc}") from None
 
@@ -182,14 +173,10 @@ class Pack:
     def schemas(self, clouds: tuple[str, ...]) -> Schemas:
         params = self.spec.parameters
         provision = _object_schema(params.provision)
-        if self.spec.placement.parameter:
-            properties = provision.setdefault("properties", {})
-            if WHERE_PARAMETER in properties:
-                raise BrokerConfigError(
-                    f"{self._where()}: parameters.provision: '{WHERE_PARAMETER}' is the "
-                    "broker's (placement); set placement.parameter: false to use the name"
-                )
-            properties[WHERE_PARAMETER] = where_schema(clouds)
+        try:
+            placed.add_where(provision, self.spec.placement, clouds)
+        except ValueError as exc:
+            raise BrokerConfigError(f"{self._where()}: parameters.provision: {exc}") from None
         return Schemas(
             instance_create=provision,
             instance_update=_object_schema(params.update) if params.update is not None else None,
@@ -247,26 +234,6 @@ def _object_schema(schema: Mapping[str, Any] | None) -> dict[str, Any]:
     out.setdefault("additionalProperties", False)
     out.setdefault("properties", {})
     return out
-
-
-def where_schema(clouds: tuple[str, ...]) -> dict[str, Any]:
-    """The broker's `where` parameter: one cloud, a scope, or the most-free strategy."""
-    return {
-        "type": "object",
-        "description": "where the instance goes: one of cloud, scope, strategy",
-        "minProperties": 1,
-        "maxProperties": 1,
-        "additionalProperties": False,
-        "properties": {
-            "cloud": {"type": "string", "enum": list(clouds)},
-            "scope": {
-                "type": "object",
-                "required": ["compute"],
-                "additionalProperties": {"type": "string", "enum": list(clouds)},
-            },
-            "strategy": {"type": "string", "enum": ["most-free"]},
-        },
-    }
 
 
 def load_pack(directory: Path) -> Pack:

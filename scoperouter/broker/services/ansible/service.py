@@ -28,9 +28,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
-from scoperouter.broker import credentials, placement
+from scoperouter.broker import credentials
 from scoperouter.broker.config import BrokerConfigError
-from scoperouter.broker.services.ansible.pack import WHERE_PARAMETER, Pack, load_pack
+from scoperouter.broker.services import placed
+from scoperouter.broker.services.ansible.pack import Pack, load_pack
 from scoperouter.broker.services.ansible.playbook import (
     Playbooks,
     RunResult,
@@ -44,7 +45,6 @@ from scoperouter.broker.services.base import (
     Done,
     Failed,
     Found,
-    InvalidParameters,
     OperationContext,
     OperationKind,
     Outcome,
@@ -52,7 +52,7 @@ from scoperouter.broker.services.base import (
     PlanEntry,
     Service,
 )
-from scoperouter.broker.services.server import error_text, instance_tag, space_project
+from scoperouter.broker.services.server import instance_tag
 
 SECRETS_KEY = "osb_secrets"  # in set_stats: kept encrypted, never in metadata
 RESERVED = ("cloud", "project_id", "scope")  # instance metadata the broker sets
@@ -103,25 +103,18 @@ class AnsibleService(Service):
     def catalog(self) -> CatalogEntry:
         return self._catalog
 
-    def _where(self, parameters: Mapping[str, Any]) -> Mapping[str, Any] | None:
-        spec = self.pack.spec.placement
-        given = parameters.get(WHERE_PARAMETER) if spec.parameter else None
-        return given if given is not None else spec.default
-
     def validate(self, kind: OperationKind, plan: PlanEntry, parameters: Mapping[str, Any]) -> None:
-        if kind != "provision":
-            return
-        try:
-            placement.parse_where(self._where(parameters), self.clouds.names())
-        except placement.PlacementError as exc:
-            raise InvalidParameters(f"parameters.{exc.field}", exc.message) from None
+        if kind == "provision":
+            placed.validate(self.pack.spec.placement, parameters, self.clouds.names())
 
     # ------------------------------------------------------------------------ passes
 
     def provision(self, op: OperationContext) -> Outcome:
         if op.cancelled:
             return Failed("stopped: a deprovision request arrived; it removes what was built")
-        target = self._target(op)
+        target = placed.choose(
+            op, self.pack.spec.placement, self.pack.spec.project, op.plan.settings.get("demand")
+        )
         if isinstance(target, Failed | Pending):
             return target
         result = self._run(op, "provision", target)
@@ -131,7 +124,7 @@ class AnsibleService(Service):
         return Done(self._done_text("provision", target, result))
 
     def update(self, op: OperationContext) -> Outcome:
-        target = self._recorded(op)
+        target = placed.recorded(op)
         if target is None:
             return Failed("the instance has nothing to update (it was not provisioned)")
         result = self._run(op, "update", target)
@@ -141,7 +134,7 @@ class AnsibleService(Service):
         return Done(self._done_text("update", target, result))
 
     def deprovision(self, op: OperationContext) -> Outcome:
-        target = self._recorded(op)
+        target = placed.recorded(op)
         if target is None:
             return Done("nothing was built")
         result = self._run(op, "deprovision", target)
@@ -156,7 +149,7 @@ class AnsibleService(Service):
 
     def bind(self, op: OperationContext) -> Outcome:
         assert op.binding is not None
-        target = self._recorded(op)
+        target = placed.recorded(op)
         if target is None:
             return Failed("the instance has nothing to bind to (it was not provisioned)")
         if op.cancelled:
@@ -184,7 +177,7 @@ class AnsibleService(Service):
         return Done(self._done_text("bind", target, result), {"credentials": merged, **extra})
 
     def unbind(self, op: OperationContext) -> Outcome:
-        target = self._recorded(op)
+        target = placed.recorded(op)
         if target is None:
             return Done("nothing was built")
         result = self._run(op, "unbind", target)
@@ -204,67 +197,6 @@ class AnsibleService(Service):
         return ()
 
     # ------------------------------------------------------------------------ helpers
-
-    def _target(self, op: OperationContext) -> dict[str, Any] | Failed | Pending:
-        """Where the instance lives: chosen by the first pass (saved), else now."""
-        saved = op.progress.get("target")
-        if saved:
-            return dict(saved)
-        names = op.clouds.names()
-        try:
-            strategy = placement.parse_where(self._where(op.parameters), names)
-        except placement.PlacementError as exc:
-            return Failed(f"parameters.{exc.field}: {exc.message}")
-        scope = None
-        if isinstance(strategy, placement.Scoped):
-            cloud, scope = strategy.cloud, strategy.scope.to_json()
-        elif isinstance(strategy, placement.Explicit):
-            cloud = strategy.cloud
-        else:
-            chosen = self._most_free(op, names)
-            if isinstance(chosen, Failed | Pending):
-                return chosen
-            cloud = chosen
-        op.set_cloud(cloud)  # durable before anything is built: deprovision looks there
-        if self.pack.spec.project == "space":
-            project_id = space_project(op, cloud)
-        else:
-            project_id = str(op.clouds.connect(cloud).current_project_id)
-        target = {"cloud": cloud, "project_id": project_id, "scope": scope}
-        op.set_resources(**target)
-        op.save(target=target)
-        return target
-
-    def _most_free(self, op: OperationContext, names: tuple[str, ...]) -> str | Failed | Pending:
-        demand = placement.Demand(
-            op.plan.settings.get("demand") or self.pack.spec.placement.demand or {}
-        )
-        snapshots: dict[str, placement.Snapshot] = {}
-        unreachable = False
-        for cloud in names:
-            try:
-                snapshots[cloud] = op.clouds.capacity(cloud)
-            except Exception as exc:
-                snapshots[cloud] = placement.Unavailable(cloud, error_text(exc))
-                unreachable = True
-        ranking = placement.rank(snapshots, placement.MostFree(), demand)
-        if ranking.candidates:
-            return ranking.candidates[0].cloud
-        why = ranking.why_not() or "no cloud is configured"
-        if unreachable:
-            return Pending(f"no cloud can take the instance now ({why}); asking again", 15.0)
-        return Failed(f"no cloud can take the instance: {why}")
-
-    @staticmethod
-    def _recorded(op: OperationContext) -> dict[str, Any] | None:
-        res = op.instance.resources
-        if not op.instance.cloud:
-            return None
-        return {
-            "cloud": op.instance.cloud,
-            "project_id": res.get("project_id"),
-            "scope": res.get("scope"),
-        }
 
     def _policy(self, op: OperationContext, target: Mapping[str, Any]) -> Any:
         """The pack's credential policy, its access rules filled in with the instance's
@@ -414,11 +346,8 @@ class AnsibleService(Service):
         return Failed(f"{playbook} failed in {cloud}: {why}")
 
     def _done_text(self, action: str, target: Mapping[str, Any], result: RunResult) -> str:
-        where = str(target["cloud"])
-        if target.get("scope"):
-            where += f" (scope {target['scope']})"
         return (
-            f"{self.pack.playbooks[action]} succeeded in {where}: "
+            f"{self.pack.playbooks[action]} succeeded in {placed.describe(target)}: "
             f"{result.tasks} task(s), {result.changed} changed"
         )
 
