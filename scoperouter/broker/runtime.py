@@ -192,13 +192,15 @@ def defined_service(name: str, kind: str) -> type[Service]:
         from scoperouter.broker.services.ansible.service import service_class
 
         return service_class(name)
-    raise BrokerConfigError(f"services.{name}: type {kind}: not available in this broker")
+    from scoperouter.broker.services.heat import service_class as heat_class
+
+    return heat_class(name)
 
 
 def resolve_paths(config: BrokerConfig, kind: str, settings: dict[str, Any]) -> dict[str, Any]:
     """Paths in a defined service's settings, relative to the config file."""
     out = dict(settings)
-    keys = ("pack", "work_dir") if kind == "ansible" else ("templates_dir",)
+    keys = ("pack", "work_dir") if kind == "ansible" else ()
     for key in keys:
         if out.get(key):
             out[key] = str(config.path(Path(str(out[key]))))
