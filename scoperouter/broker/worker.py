@@ -145,15 +145,7 @@ class WorkerContext(OperationContext):
         self.operation_id = op.id
         self.kind = op.kind  # type: ignore[assignment]
         request = op.request or {}
-        self.instance = InstanceView(
-            id=instance.id,
-            service_id=instance.service_id,
-            plan_id=instance.plan_id,
-            parameters=dict(instance.parameters or {}),
-            context=dict(instance.context or {}),
-            cloud=instance.cloud,
-            resources=dict(instance.resources or {}),
-        )
+        self.instance = instance_view(instance)
         self.binding = (
             BindingView(
                 id=binding.id,
@@ -249,6 +241,11 @@ class WorkerContext(OperationContext):
         except Exception as exc:  # a description is not worth failing the pass for
             log.warning("%s: description not saved: %s", self.operation_id, logs.short_error(exc))
 
+    def instance_of(self, instance_id: str) -> InstanceView | None:
+        with self._store.read() as session:
+            row = self._store.instance(session, instance_id)
+            return instance_view(row) if row is not None and row.state == PROVISIONED else None
+
     @property
     def secrets(self) -> Mapping[str, Any]:
         with self._store.read() as session:
@@ -267,6 +264,20 @@ class WorkerContext(OperationContext):
             kept.update(values)
             kept = {k: v for k, v in kept.items() if v is not None}
             instance.secrets = self._broker.secrets.encrypt(kept) if kept else None
+
+
+def instance_view(instance: Instance) -> InstanceView:
+    """What a service may see of an instance row."""
+    return InstanceView(
+        id=instance.id,
+        service_id=instance.service_id,
+        plan_id=instance.plan_id,
+        parameters=dict(instance.parameters or {}),
+        context=dict(instance.context or {}),
+        cloud=instance.cloud,
+        resources=dict(instance.resources or {}),
+        service_name=instance.service_name,
+    )
 
 
 def _replace(view: Any, **changes: Any) -> Any:
@@ -533,4 +544,4 @@ class Worker:
         return count
 
 
-__all__ = ["Heartbeat", "Runner", "Worker", "WorkerContext", "owner_id"]
+__all__ = ["Heartbeat", "Runner", "Worker", "WorkerContext", "instance_view", "owner_id"]

@@ -69,6 +69,7 @@ class MemoryOperation(OperationContext):
         self.log = logging.LoggerAdapter(log, {"operation": self.operation_id})
         self.saved = saved if saved is not None else Saved()
         self.cancel = False
+        self.others: dict[str, InstanceView] = {}  # instance_of: the broker's other instances
 
     @property
     def progress(self) -> Mapping[str, Any]:
@@ -87,6 +88,9 @@ class MemoryOperation(OperationContext):
 
     def set_resources(self, **ids: Any) -> None:
         self.saved.resources.update(ids)
+
+    def instance_of(self, instance_id: str) -> InstanceView | None:
+        return self.others.get(instance_id)
 
     def describe(self, text: str) -> None:
         self.saved.descriptions.append(text)

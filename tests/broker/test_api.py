@@ -587,3 +587,15 @@ def test_an_invalid_parameter_is_named_with_its_limit_never_its_value(harness: H
         body = _unchanged(harness, lambda p=parameters: harness.provision(INSTANCE, p), 400)  # type: ignore[misc]
         assert body["description"] == expected
         assert secret not in json.dumps(body) and "1000" not in body["description"]
+
+
+def test_a_parameter_naming_another_instance_is_checked_before_anything_is_written(
+    harness: Harness,
+) -> None:
+    """Service.check_references: a bind naming an instance that is not a live one beside
+    this one is 400 naming the field (the volume-to-server rule), nothing written."""
+    harness.provisioned(INSTANCE)
+    body = _unchanged(harness, lambda: harness.bind(INSTANCE, "b1", {"peer": "nobody"}), 400)
+    assert body["description"] == "parameters.peer: no instance nobody beside this one"
+    harness.provisioned("inst-2")
+    assert harness.bind(INSTANCE, "b1", {"peer": "inst-2"}).status_code == 202

@@ -20,6 +20,7 @@ from scoperouter.broker.osb.common import (
     async_required,
     bad_request,
     check_id,
+    check_references,
     concurrency,
     log,
     validate,
@@ -69,6 +70,7 @@ def bind(
                 parameters = _predecessor(ep, session, ref, instance_id, body, parameters)
             parameters = dict(parameters or {})
             validate(ref, "binding_create", "bind", parameters)
+            check_references(ep, session, ref, "bind", parameters, instance)
             bind_resource = (
                 body.bind_resource.model_dump(exclude_none=True) if body.bind_resource else {}
             )

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from scoperouter.broker import models
 from scoperouter.broker.runtime import Broker, PlanRef
-from scoperouter.broker.services.base import Done, Failed, InvalidParameters
+from scoperouter.broker.services.base import Done, Failed, InstanceView, InvalidParameters
 from scoperouter.broker.store import (
     IN_PROGRESS,
     Binding,
@@ -123,6 +123,35 @@ def validate(ref: PlanRef, which: str, kind: str, parameters: Mapping[str, Any])
     """The plan's JSON schema and the service's own checks: 400 naming the field."""
     try:
         ref.validate(which, kind, parameters)
+    except InvalidParameters as exc:
+        raise bad_request(f"{exc.field}: {exc.message}") from None
+
+
+def check_references(
+    ep: Endpoints,
+    session: Session,
+    ref: PlanRef,
+    kind: str,
+    parameters: Mapping[str, Any],
+    instance: Instance | None,
+) -> None:
+    """The service's checks of what the parameters name among the broker's instances (and of
+    `instance` as it is): 400 naming the field, before anything is written."""
+    from scoperouter.broker.store import PROVISIONED
+    from scoperouter.broker.worker import instance_view
+
+    def lookup(instance_id: str) -> InstanceView | None:
+        row = ep.store.instance(session, instance_id)
+        return instance_view(row) if row is not None and row.state == PROVISIONED else None
+
+    try:
+        ref.service.check_references(
+            kind,  # type: ignore[arg-type]
+            ref.plan,
+            parameters,
+            instance=instance_view(instance) if instance is not None else None,
+            lookup=lookup,
+        )
     except InvalidParameters as exc:
         raise bad_request(f"{exc.field}: {exc.message}") from None
 

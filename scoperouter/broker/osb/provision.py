@@ -14,6 +14,7 @@ from scoperouter.broker.osb.common import (
     async_required,
     bad_request,
     check_id,
+    check_references,
     concurrency,
     instance_metadata,
     log,
@@ -70,6 +71,7 @@ def provision(
             existing = ep.store.instance(session, instance_id)
             if existing is not None:
                 return _repeat(ep, session, existing, digest, accepts_incomplete)
+            check_references(ep, session, ref, "provision", parameters, None)
             if not accepts_incomplete:
                 raise async_required(f"provisioning {ref.entry.name}")
             op = ep.new_op("provision", instance_id, ref, facts, digest=digest)

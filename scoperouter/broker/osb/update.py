@@ -17,6 +17,7 @@ from scoperouter.broker.osb.common import (
     async_required,
     bad_request,
     check_id,
+    check_references,
     concurrency,
     maintenance_conflict,
     validate,
@@ -59,6 +60,8 @@ def update(
             if body.parameters is not None
             else dict(instance.parameters)
         )
+        if body.parameters is not None:
+            check_references(ep, session, ref, "update", parameters, instance)
         maintenance = body.maintenance_info.version if body.maintenance_info else None
         digest = request_hash(
             {"plan_id": target_plan, "parameters": body.parameters, "maintenance_info": maintenance}

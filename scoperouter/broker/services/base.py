@@ -22,7 +22,7 @@ from __future__ import annotations
 import abc
 import logging
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
@@ -220,6 +220,12 @@ class InstanceView:
     context: Mapping[str, Any]
     cloud: str | None
     resources: Mapping[str, Any]
+    service_name: str = ""  # the service's name in the broker config ("openstack-server")
+
+
+# Another instance of the broker by id, provisioned (None: no such live instance): what
+# Service.check_references may look at.
+InstanceLookup = Callable[[str], "InstanceView | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +301,11 @@ class OperationContext(abc.ABC):
         never shown in GET, metadata or logs)."""
         return {}
 
+    def instance_of(self, instance_id: str) -> InstanceView | None:
+        """Another instance of the broker, provisioned (None: no such live instance): what a
+        parameter naming one (a volume's server) refers to now."""
+        return None
+
     def keep_secrets(self, **values: Any) -> None:
         """Merge `values` into the instance's secrets, stored encrypted (a key pair's private
         key that only its creation returns, for later binds); commits. A value None removes
@@ -336,6 +347,21 @@ class Service(abc.ABC):
         """Checks beyond the plan's JSON schema (which the API applies first); raise
         InvalidParameters. Must not call any cloud. The default accepts what the schema
         accepts."""
+        return None
+
+    def check_references(
+        self,
+        kind: OperationKind,
+        plan: PlanEntry,
+        parameters: Mapping[str, Any],
+        *,
+        instance: InstanceView | None,
+        lookup: InstanceLookup,
+    ) -> None:
+        """Checks of what the parameters name in the broker's own state (another instance,
+        by `lookup`), and of an update or bind against `instance` as it is: raise
+        InvalidParameters (400) before anything is written. Must not call any cloud. The
+        default checks nothing."""
         return None
 
     @abc.abstractmethod
