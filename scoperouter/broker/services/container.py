@@ -54,7 +54,6 @@ from scoperouter.broker.services.base import (
     Service,
     stable_id,
 )
-from scoperouter.broker.services.placed import PlacementSpec
 from scoperouter.broker.services.server import catalog_plans
 
 PUBLIC_READ_ACL = ".r:*,.rlistings"
@@ -90,8 +89,7 @@ class ObjectContainerService(Service):
     def __init__(self, settings: Mapping[str, Any], clouds: Clouds) -> None:
         super().__init__(settings, clouds)
         names = clouds.names()
-        default = settings.get("default_cloud") or (names[0] if names else None)
-        self.placement = PlacementSpec(default={"cloud": default} if default else None)
+        self.placement = placed.in_default_cloud(settings, names)
         create: dict[str, Any] = {
             "$schema": DRAFT4,
             "type": "object",
@@ -139,11 +137,9 @@ class ObjectContainerService(Service):
 
     # ------------------------------------------------------------------------ passes
 
-    def _store(self, op: OperationContext, target: Mapping[str, Any]) -> Any:
-        conn = op.clouds.connect(
-            str(target["cloud"]), project_id=target.get("project_id"), scope=target.get("scope")
-        )
-        return conn.object_store
+    @staticmethod
+    def _store(op: OperationContext, target: Mapping[str, Any]) -> Any:
+        return placed.connect(op, target).object_store
 
     def provision(self, op: OperationContext) -> Outcome:
         if op.cancelled:

@@ -399,11 +399,9 @@ class HeatService(Service):
         given = {k: v for k, v in op.parameters.items() if k != placed.WHERE_PARAMETER}
         return {**given, **dict(op.plan.settings.get("parameters") or {})}
 
-    def _orchestration(self, op: OperationContext, target: Mapping[str, Any]) -> Any:
-        conn = op.clouds.connect(
-            target["cloud"], project_id=target.get("project_id"), scope=target.get("scope")
-        )
-        return conn.orchestration
+    @staticmethod
+    def _orchestration(op: OperationContext, target: Mapping[str, Any]) -> Any:
+        return placed.connect(op, target).orchestration
 
     def _find(self, op: OperationContext, orchestration: Any) -> Any | None:
         """The instance's stack: by the id a pass recorded, else by name (a pass that died

@@ -170,6 +170,20 @@ def recorded(op: OperationContext) -> Target | None:
     }
 
 
+def in_default_cloud(settings: Mapping[str, Any], clouds: tuple[str, ...]) -> PlacementSpec:
+    """The placement of a built-in storage service: `where` offered, by default the config's
+    ``default_cloud`` (else the first cloud): storage takes no compute to rank clouds by."""
+    default = settings.get("default_cloud") or (clouds[0] if clouds else None)
+    return PlacementSpec(default={"cloud": default} if default else None)
+
+
+def connect(op: OperationContext, target: Mapping[str, Any]) -> Any:
+    """A connection where the instance lives: its cloud's router, its project, its scope."""
+    return op.clouds.connect(
+        str(target["cloud"]), project_id=target.get("project_id"), scope=target.get("scope")
+    )
+
+
 def describe(target: Mapping[str, Any]) -> str:
     """ "CloudOne", or "CloudOne (scope {...})"."""
     where = str(target["cloud"])

@@ -56,7 +56,6 @@ from scoperouter.broker.services.base import (
     Service,
     stable_id,
 )
-from scoperouter.broker.services.placed import PlacementSpec
 from scoperouter.broker.services.server import catalog_plans
 
 METADATA_KEY = "osb_instance_id"
@@ -79,8 +78,7 @@ class VolumeService(Service):
     def __init__(self, settings: Mapping[str, Any], clouds: Clouds) -> None:
         super().__init__(settings, clouds)
         names = clouds.names()
-        default = settings.get("default_cloud") or (names[0] if names else None)
-        self.placement = PlacementSpec(default={"cloud": default} if default else None)
+        self.placement = placed.in_default_cloud(settings, names)
         self.max_size = int(settings.get("max_size", 1000))
         size = {"type": "integer", "minimum": 1, "maximum": self.max_size}
         create: dict[str, Any] = {
@@ -181,11 +179,6 @@ class VolumeService(Service):
 
     # ------------------------------------------------------------------------ helpers
 
-    def _conn(self, op: OperationContext, target: Mapping[str, Any]) -> Any:
-        return op.clouds.connect(
-            str(target["cloud"]), project_id=target.get("project_id"), scope=target.get("scope")
-        )
-
     @staticmethod
     def _find(op: OperationContext, block: Any) -> Any | None:
         """The instance's volume: by the recorded id, else by name and metadata."""
@@ -210,7 +203,7 @@ class VolumeService(Service):
         target = placed.choose(op, self.placement, "space")
         if isinstance(target, Failed | Pending):
             return target
-        block = self._conn(op, target).block_storage
+        block = placed.connect(op, target).block_storage
         where = placed.describe(target)
         volume = self._find(op, block)
         if volume is None:
@@ -242,7 +235,7 @@ class VolumeService(Service):
         target = placed.recorded(op)
         if target is None:
             return Failed("the instance has no volume (it was not provisioned)")
-        block = self._conn(op, target).block_storage
+        block = placed.connect(op, target).block_storage
         volume = self._find(op, block)
         if volume is None:
             return Failed(f"volume {volume_name(op.instance.id)} is gone from {target['cloud']}")
@@ -266,7 +259,7 @@ class VolumeService(Service):
         target = placed.recorded(op)
         if target is None:
             return Done("nothing was built")
-        conn = self._conn(op, target)
+        conn = placed.connect(op, target)
         volume = self._find(op, conn.block_storage)
         where = placed.describe(target)
         if volume is None:
@@ -315,7 +308,7 @@ class VolumeService(Service):
         the attachment); its device once cinder says in-use."""
         assert op.binding is not None
         server_id = op.progress.get("server_id")
-        conn = self._conn(op, target)
+        conn = placed.connect(op, target)
         if not server_id:
             server_id = self._server_of(op)
             if server_id is None:
@@ -351,7 +344,7 @@ class VolumeService(Service):
         volume_id = op.binding.resources.get("volume_id")
         target = placed.recorded(op)
         if server_id and volume_id and target is not None:
-            conn = self._conn(op, target)
+            conn = placed.connect(op, target)
             volume = conn.block_storage.get_volume(volume_id)
             mine = [a for a in (volume.attachments or []) if a.get("server_id") == server_id]
             if mine:
