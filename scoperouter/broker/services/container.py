@@ -36,7 +36,6 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from scoperouter.broker import credentials
-from scoperouter.broker.identity import MANAGED_TAG, keystone
 from scoperouter.broker.services import placed
 from scoperouter.broker.services.base import (
     DRAFT4,
@@ -46,12 +45,9 @@ from scoperouter.broker.services.base import (
     Failed,
     Found,
     OperationContext,
-    OperationKind,
     Outcome,
     Pending,
-    PlanEntry,
     Schemas,
-    Service,
     stable_id,
 )
 from scoperouter.broker.services.server import catalog_plans
@@ -81,7 +77,7 @@ def access_rules(storage_url: str) -> tuple[dict[str, str], ...]:
     )
 
 
-class ObjectContainerService(Service):
+class ObjectContainerService(placed.PlacedService):
     """``openstack-object-container`` (see the module docstring)."""
 
     name: ClassVar[str] = "openstack-object-container"
@@ -127,13 +123,6 @@ class ObjectContainerService(Service):
             tags=("openstack", "object-storage", "swift"),
             metadata={"displayName": "OpenStack object storage container"},
         )
-
-    def catalog(self) -> CatalogEntry:
-        return self._catalog
-
-    def validate(self, kind: OperationKind, plan: PlanEntry, parameters: Mapping[str, Any]) -> None:
-        if kind == "provision":
-            placed.validate(self.placement, parameters, self.clouds.names())
 
     # ------------------------------------------------------------------------ passes
 
@@ -224,7 +213,7 @@ class ObjectContainerService(Service):
         """The broker's containers in every project it manages in `cloud` (keystone projects
         tagged as the broker's), and its binding credentials there."""
         conn = self.clouds.connect(cloud)
-        projects = [str(p.id) for p in keystone(conn).projects(tags=MANAGED_TAG)]
+        projects = placed.managed_projects(self.clouds, cloud)
         for project_id in projects:
             store = self.clouds.connect(cloud, project_id=project_id).object_store
             for container in store.containers(prefix="osb-"):

@@ -41,12 +41,10 @@ from scoperouter.broker.services.base import (
     Failed,
     Found,
     OperationContext,
-    OperationKind,
     Outcome,
     Pending,
     PlanEntry,
     Schemas,
-    Service,
     stable_id,
 )
 from scoperouter.broker.services.placed import PlacementSpec
@@ -320,7 +318,7 @@ def service_class(name: str) -> type[HeatService]:
     return type(f"HeatService[{name}]", (HeatService,), {"name": name})
 
 
-class HeatService(Service):
+class HeatService(placed.PlacedService):
     """Plans from HOT templates (see the module docstring)."""
 
     name: ClassVar[str] = "heat"
@@ -330,6 +328,7 @@ class HeatService(Service):
         where = f"services.{self.name}"
         try:
             self.spec = HeatSettings.model_validate(dict(settings))
+            self.placement = self.spec.placement
         except ValidationError as exc:
             first = exc.errors()[0]
             loc = ".".join(str(p) for p in first["loc"]) or "(top)"
@@ -384,13 +383,6 @@ class HeatService(Service):
             lifetime=self.spec.binding_lifetime,
             access_rules=self.spec.binding_access_rules,
         )
-
-    def catalog(self) -> CatalogEntry:
-        return self._catalog
-
-    def validate(self, kind: OperationKind, plan: PlanEntry, parameters: Mapping[str, Any]) -> None:
-        if kind == "provision":
-            placed.validate(self.spec.placement, parameters, self.clouds.names())
 
     # -------------------------------------------------------------------------- passes
 

@@ -17,10 +17,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from scoperouter.broker import placement
 from scoperouter.broker.services.base import (
+    CatalogEntry,
+    Clouds,
     Failed,
     InvalidParameters,
     OperationContext,
+    OperationKind,
     Pending,
+    PlanEntry,
+    Service,
 )
 from scoperouter.broker.services.server import error_text, space_project
 
@@ -182,6 +187,29 @@ def connect(op: OperationContext, target: Mapping[str, Any]) -> Any:
     return op.clouds.connect(
         str(target["cloud"]), project_id=target.get("project_id"), scope=target.get("scope")
     )
+
+
+class PlacedService(Service):
+    """A service whose instances go where `where` (or the default) says: the catalog built
+    by the subclass's constructor (`_catalog`), `where` checked before anything is written."""
+
+    placement: PlacementSpec
+    _catalog: CatalogEntry
+
+    def catalog(self) -> CatalogEntry:
+        return self._catalog
+
+    def validate(self, kind: OperationKind, plan: PlanEntry, parameters: Mapping[str, Any]) -> None:
+        if kind == "provision":
+            validate(self.placement, parameters, self.clouds.names())
+
+
+def managed_projects(clouds: Clouds, cloud: str) -> list[str]:
+    """The keystone projects the broker manages in `cloud` (tagged as its own): where its
+    storage lives, for `broker repair`."""
+    from scoperouter.broker.identity import MANAGED_TAG, keystone
+
+    return [str(p.id) for p in keystone(clouds.connect(cloud)).projects(tags=MANAGED_TAG)]
 
 
 def describe(target: Mapping[str, Any]) -> str:

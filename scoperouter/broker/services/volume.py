@@ -35,7 +35,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 from scoperouter.broker import credentials
-from scoperouter.broker.identity import MANAGED_TAG, keystone
 from scoperouter.broker.services import placed
 from scoperouter.broker.services.base import (
     DRAFT4,
@@ -53,7 +52,6 @@ from scoperouter.broker.services.base import (
     Pending,
     PlanEntry,
     Schemas,
-    Service,
     stable_id,
 )
 from scoperouter.broker.services.server import catalog_plans
@@ -70,7 +68,7 @@ def volume_name(instance_id: str) -> str:
     return "osb-" + hashlib.sha256(instance_id.encode()).hexdigest()[:48]
 
 
-class VolumeService(Service):
+class VolumeService(placed.PlacedService):
     """``openstack-volume`` (see the module docstring)."""
 
     name: ClassVar[str] = "openstack-volume"
@@ -132,13 +130,6 @@ class VolumeService(Service):
             tags=("openstack", "block-storage", "cinder"),
             metadata={"displayName": "OpenStack volume"},
         )
-
-    def catalog(self) -> CatalogEntry:
-        return self._catalog
-
-    def validate(self, kind: OperationKind, plan: PlanEntry, parameters: Mapping[str, Any]) -> None:
-        if kind == "provision":
-            placed.validate(self.placement, parameters, self.clouds.names())
 
     def check_references(
         self,
@@ -360,7 +351,7 @@ class VolumeService(Service):
         """Volumes carrying ``osb_instance_id`` in every project the broker manages in
         `cloud`, and its binding credentials there."""
         conn = self.clouds.connect(cloud)
-        projects = [str(p.id) for p in keystone(conn).projects(tags=MANAGED_TAG)]
+        projects = placed.managed_projects(self.clouds, cloud)
         for project_id in projects:
             block = self.clouds.connect(cloud, project_id=project_id).block_storage
             for volume in block.volumes():

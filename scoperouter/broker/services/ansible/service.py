@@ -40,17 +40,13 @@ from scoperouter.broker.services.ansible.playbook import (
     marker,
 )
 from scoperouter.broker.services.base import (
-    CatalogEntry,
     Clouds,
     Done,
     Failed,
     Found,
     OperationContext,
-    OperationKind,
     Outcome,
     Pending,
-    PlanEntry,
-    Service,
 )
 from scoperouter.broker.services.server import instance_tag
 
@@ -70,7 +66,7 @@ def default_work_dir(name: str) -> Path:
     return Path(tempfile.gettempdir()) / f"scoperouter-broker-{os.getuid()}" / "ansible" / name
 
 
-class AnsibleService(Service):
+class AnsibleService(placed.PlacedService):
     """A pack (``settings["pack"]``: its directory) as a broker service."""
 
     name: ClassVar[str] = "ansible"
@@ -86,6 +82,7 @@ class AnsibleService(Service):
                 f"{self.pack.name!r}: enable it under that name"
             )
         self.pack.check_clouds(clouds.names())
+        self.placement = self.pack.spec.placement
         self._catalog = self.pack.catalog(clouds.names())
         self.playbooks = Playbooks(
             Path(str(settings.get("work_dir") or default_work_dir(self.name))),
@@ -99,13 +96,6 @@ class AnsibleService(Service):
         )
 
     # ------------------------------------------------------------------------ catalog
-
-    def catalog(self) -> CatalogEntry:
-        return self._catalog
-
-    def validate(self, kind: OperationKind, plan: PlanEntry, parameters: Mapping[str, Any]) -> None:
-        if kind == "provision":
-            placed.validate(self.pack.spec.placement, parameters, self.clouds.names())
 
     # ------------------------------------------------------------------------ passes
 
