@@ -214,7 +214,6 @@ class Playbooks:
                 "ANSIBLE_FORCE_COLOR": "0",
                 "ANSIBLE_LOCAL_TEMP": str(pdd / "tmp"),
                 "ANSIBLE_REMOTE_TEMP": str(pdd / "tmp"),
-                "ANSIBLE_HOME": str(pdd / "home"),
                 "ANSIBLE_DEPRECATION_WARNINGS": "0",
                 MARKER_ENV: spec.marker,
                 PARENT_ENV: str(os.getpid()),
