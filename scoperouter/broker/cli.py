@@ -543,6 +543,7 @@ def drift(broker: Any) -> dict[str, Any]:
     seen_instances: set[str] = set()
     seen_bindings: set[str] = set()
     checked: set[tuple[str, str]] = set()  # (service, cloud) read in full
+    seen_resources: set[tuple[str, str, str]] = set()  # (cloud, kind, id) the services found
     for name, service in broker.services.items():
         try:
             clouds = service.inventory_clouds()
@@ -559,6 +560,7 @@ def drift(broker: Any) -> dict[str, Any]:
                 continue
             checked.add((name, cloud))
         for item in found:
+            seen_resources.add((item.cloud, item.kind, item.id))
             record = {
                 "service": name,
                 "cloud": item.cloud,
@@ -579,15 +581,19 @@ def drift(broker: Any) -> dict[str, Any]:
                 if instance is None or instance.state == GONE:
                     orphans.append(record)
     inventoried = {i.service_name for i in instances.values()} & set(broker.services)
+    compared = {"instances": 0, "bindings": 0, "resources": len(seen_resources)}
     for instance in instances.values():
         if instance.service_name not in inventoried or instance.state != "provisioned":
             continue
         if (instance.service_name, instance.cloud) not in checked:
             continue  # its cloud could not be read: unknown, not missing
+        compared["instances"] += 1
         if instance.id not in seen_instances:
             missing.append({"instance_id": instance.id, "cloud": instance.cloud})
         for binding in bindings.values():
             live = binding.instance_id == instance.id and binding.state == "bound"
+            if live:
+                compared["bindings"] += 1
             if live and binding.id not in seen_bindings:
                 missing.append({"binding_id": binding.id, "cloud": instance.cloud})
     for o in orphans:
@@ -607,10 +613,14 @@ def drift(broker: Any) -> dict[str, Any]:
         "drift there is unknown"
         for u in unchecked
     )
+    clouds = sorted({cloud for _, cloud in checked})
     if not lines:
+        # what was compared: live records whose cloud was read, and what the clouds hold
+        # (never the deprovisioned rows the database keeps until `purge`)
         lines.append(
-            f"no drift: {len(instances)} instance(s), {len(bindings)} binding(s) in the database "
-            "match the clouds"
+            f"no drift: {compared['instances']} live instance(s) and {compared['bindings']} "
+            f"binding(s) match the {compared['resources']} tagged resource(s) found in "
+            f"{len(clouds)} cloud(s) ({', '.join(clouds) or 'none'})"
         )
     elif not (orphans or missing or errors):
         lines.append("no drift in the clouds that could be read")
@@ -619,6 +629,7 @@ def drift(broker: Any) -> dict[str, Any]:
         "missing": missing,
         "errors": errors,
         "unchecked": unchecked,
+        "checked": {**compared, "clouds": clouds},
         "lines": lines,
     }
 

@@ -14,6 +14,7 @@ provisions does not read it once each).
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -130,6 +131,52 @@ class FederationClouds:
         """The keystone region of `cloud` (also the name its scopes use by default)."""
         access = self._get_access(cloud)
         return access.region or self._region(cloud).get_region_name() or cloud
+
+    def session_entry(
+        self, cloud: str, *, project_id: str | None = None, scope: str | None = None
+    ) -> dict[str, Any]:
+        """A clouds.yaml entry for a tool the broker runs (a playbook): a token of the broker's
+        account scoped to `project_id` (else the account's project), got through the cloud's
+        router, at the router, with `scope` (JSON text) applied by the client hook. The tool
+        never sees the broker's password, and its token ends with the token's lifetime."""
+        conn = self.connect(cloud, project_id=project_id, scope=scope)
+        token = conn.session.get_token()
+        config = self._region(cloud).config
+        entry: dict[str, Any] = {
+            "auth_type": "v3token",
+            "auth": {
+                "auth_url": self.identity_url(cloud),
+                "token": token,
+                "project_id": project_id or conn.current_project_id,
+            },
+            "region_name": self.region(cloud),
+            "interface": config.get("interface") or "public",
+            "identity_api_version": 3,
+        }
+        for key in ("verify", "cacert", "cert", "key", "api_timeout"):
+            if config.get(key) is not None:
+                entry[key] = config[key]
+        if scope is not None:
+            entry["scope"] = json.loads(scope)
+            entry["vendor_hook"] = "scoperouter.client:connection_hook"
+        return entry
+
+    def endpoints(
+        self, cloud: str, *, project_id: str | None = None, scope: str | None = None
+    ) -> dict[str, str]:
+        """Public endpoints by service type in the token's catalog, in the cloud's region
+        (the first of a type; the catalog advertises the routers' URLs)."""
+        conn = self.connect(cloud, project_id=project_id, scope=scope)
+        auth: Any = conn.session.auth  # an identity plugin: it holds the token's catalog
+        access = auth.get_access(conn.session)
+        found = access.service_catalog.get_endpoints(
+            interface="public", region_name=self.region(cloud)
+        )
+        return {
+            str(service_type): str(listed[0]["url"])
+            for service_type, listed in found.items()
+            if listed and listed[0].get("url")
+        }
 
     def capacity(self, cloud: str) -> Capacity:
         """Free capacity of `cloud` per resource class, from placement through its router:

@@ -121,6 +121,9 @@ class ServiceConfig(BaseModel):
     # "package.module:Class": a service class by import path, for a plug-in that is not
     # installed as an entry point (default: the entry point of the service's name)
     plugin: str | None = Field(default=None, pattern=r"^[\w.]+:\w+$")
+    # services defined without Python: "ansible" (a pack directory: `pack`), "heat" (HOT
+    # templates as plans: `plans[].template`); the service's name is its key here
+    type: Literal["ansible", "heat"] | None = None
     deadlines: dict[OperationName, float] = Field(default_factory=dict)
     # seconds a bind/unbind without accepts_incomplete=true may run inline before the API
     # answers; 0: such requests get 422 AsyncRequired

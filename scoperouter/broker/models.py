@@ -8,7 +8,7 @@ Responses are rendered with ``exclude_none`` so optional fields are absent, not 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, Required, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -234,11 +234,25 @@ class BindingResponse(_Response):
     parameters: dict[str, Any] | None = None
 
 
+class EmptyResponse(_Response):
+    """``{}``: a synchronous deprovision/unbind, an update with nothing to change."""
+
+
 class LastOperation(_Response):
     state: Literal["in progress", "succeeded", "failed"]
     description: str | None = None
     instance_usable: bool | None = None
     update_repeatable: bool | None = None
+
+
+class LastOperationBody(TypedDict, total=False):
+    """:class:`LastOperation` as the polling route writes it, without a model per request
+    (the hottest route; tests validate its bodies against :class:`LastOperation`)."""
+
+    state: Required[Literal["in progress", "succeeded", "failed"]]
+    description: str
+    instance_usable: bool
+    update_repeatable: bool
 
 
 class ErrorBody(_Response):

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft4Validator
-from jsonschema.exceptions import SchemaError
+from jsonschema.exceptions import SchemaError, ValidationError
 from jsonschema.protocols import Validator
 from jsonschema.validators import validator_for
 
@@ -63,26 +65,81 @@ class PlanRef:
         if validator is not None:
             errors = sorted(validator.iter_errors(dict(parameters)), key=_error_order)
             if errors:
-                first = errors[0]
-                path = "".join(
-                    f"[{p}]" if isinstance(p, int) else f".{p}" for p in first.absolute_path
-                )
-                missing = _missing_property(first)
-                if missing:
-                    path += f".{missing}"
-                raise InvalidParameters(f"parameters{path}", first.message)
+                field, message = describe_error(errors[0])
+                raise InvalidParameters(field, message)
         self.service.validate(kind, self.plan, parameters)
 
 
 def _error_order(error: Any) -> tuple[int, str]:
-    return (len(list(error.absolute_path)), str(error.message))
+    return (len(list(error.absolute_path)), str(error.validator))
 
 
-def _missing_property(error: Any) -> str | None:
-    if error.validator == "required" and isinstance(error.message, str):
-        name = error.message.split("'")
-        return name[1] if len(name) > 2 else None
-    return None
+def describe_error(error: ValidationError) -> tuple[str, str]:
+    """A JSON-schema violation as (field, message) for a 400: the field as a path under
+    ``parameters`` and what the schema asks for, NEVER the value given (a parameter may be
+    cloud-init text holding passwords; jsonschema's own messages quote the value whole)."""
+    path = "parameters" + "".join(
+        f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path
+    )
+    keyword = str(error.validator)
+    expected: Any = error.validator_value
+    if keyword == "required":
+        names = [
+            n for n in expected if isinstance(error.instance, Mapping) and n not in error.instance
+        ]
+        return (f"{path}.{names[0]}" if names else path), "required"
+    schema: Any = error.schema
+    if keyword == "additionalProperties" and isinstance(error.instance, Mapping):
+        known = set((schema.get("properties") or {}).keys())
+        patterns = list((schema.get("patternProperties") or {}).keys())
+        extra = sorted(
+            str(k)
+            for k in error.instance
+            if k not in known and not any(re.search(p, str(k)) for p in patterns)
+        )
+        if extra:
+            return f"{path}.{_name(extra[0])}", "not a parameter of this plan"
+    messages: dict[str, Callable[[], str]] = {
+        "type": lambda: f"expected {_kind(expected)}",
+        "maxLength": lambda: f"longer than {expected} characters",
+        "minLength": lambda: f"shorter than {expected} characters",
+        "maximum": lambda: f"above the maximum of {expected}",
+        "minimum": lambda: f"below the minimum of {expected}",
+        "exclusiveMaximum": lambda: f"not below {expected}",
+        "exclusiveMinimum": lambda: f"not above {expected}",
+        "multipleOf": lambda: f"not a multiple of {expected}",
+        "pattern": lambda: f"does not match the pattern {_short(str(expected))}",
+        "format": lambda: f"not in the {expected} format",
+        "enum": lambda: f"not one of {_short(', '.join(json.dumps(v) for v in expected))}",
+        "const": lambda: f"must be {_short(json.dumps(expected))}",
+        "maxItems": lambda: f"more than {expected} items",
+        "minItems": lambda: f"fewer than {expected} items",
+        "uniqueItems": lambda: "items are not unique",
+        "maxProperties": lambda: f"more than {expected} properties",
+        "minProperties": lambda: f"fewer than {expected} properties",
+        "additionalProperties": lambda: "unexpected properties",
+        "additionalItems": lambda: "unexpected items",
+        "dependencies": lambda: "a property it depends on is missing",
+        "not": lambda: "matches a schema it must not match",
+    }
+    if keyword in messages:
+        return path, messages[keyword]()
+    return path, f"does not satisfy the schema's {keyword!r} rule"
+
+
+def _kind(expected: Any) -> str:
+    kinds = expected if isinstance(expected, list) else [expected]
+    return " or ".join(str(k) for k in kinds)
+
+
+def _name(key: str) -> str:
+    """A property name as a path part: names are the plan's vocabulary, not values, but an
+    unexpected one is what the platform sent: shown short and printable only."""
+    return _short(re.sub(r"[^\x21-\x7e]", "?", key), 64)
+
+
+def _short(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def compile_schema(schema: Mapping[str, Any], where: str) -> Validator:
@@ -129,6 +186,34 @@ def load_plugin(path: str) -> type[Service]:
     return cls
 
 
+def defined_service(name: str, kind: str) -> type[Service]:
+    """The class of a service defined without Python (`type` in its config section)."""
+    if kind == "ansible":
+        from scoperouter.broker.services.ansible.service import service_class
+
+        return service_class(name)
+    from scoperouter.broker.services.heat import service_class as heat_class
+
+    return heat_class(name)
+
+
+def resolve_paths(config: BrokerConfig, kind: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """Paths in a defined service's settings, relative to the config file."""
+    out = dict(settings)
+    keys = ("pack", "work_dir") if kind == "ansible" else ()
+    for key in keys:
+        if out.get(key):
+            out[key] = str(config.path(Path(str(out[key]))))
+    if kind == "heat":
+        plans = []
+        for plan in out.get("plans") or []:
+            if isinstance(plan, Mapping) and plan.get("template"):
+                plan = {**plan, "template": str(config.path(Path(str(plan["template"]))))}
+            plans.append(plan)
+        out["plans"] = plans
+    return out
+
+
 def service_classes() -> dict[str, type[Service]]:
     """Services installed as plug-ins (entry point group ``scoperouter.broker.services``)."""
     found: dict[str, type[Service]] = {}
@@ -159,13 +244,21 @@ class Broker:
         self.plans: dict[tuple[str, str], PlanRef] = {}
         self.offerings: dict[str, CatalogEntry] = {}
         for name, svc_config in config.enabled_services().items():
-            cls = load_plugin(svc_config.plugin) if svc_config.plugin else classes.get(name)
+            settings = svc_config.service_settings()
+            cls: type[Service] | None
+            if svc_config.type is not None:
+                cls = defined_service(name, svc_config.type)
+                settings = resolve_paths(config, svc_config.type, settings)
+            elif svc_config.plugin:
+                cls = load_plugin(svc_config.plugin)
+            else:
+                cls = classes.get(name)
             if cls is None:
                 known = ", ".join(sorted(classes)) or "none"
                 raise BrokerConfigError(
                     f"services.{name}: no such service plug-in (installed: {known})"
                 )
-            service = cls(svc_config.service_settings(), self.clouds)
+            service = cls(settings, self.clouds)
             entry = service.catalog()
             if entry.id in self.offerings:
                 raise BrokerConfigError(f"services.{name}: service id {entry.id} used twice")

@@ -120,6 +120,9 @@ class Instance(Base):
     space_guid: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     cloud: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     resources: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # what a service keeps for later operations of the instance (a generated key pair's
+    # private key), encrypted (secrets.py); never shown
+    secrets: Mapped[str | None] = mapped_column(Text)
     state: Mapped[str] = mapped_column(String(32))
     maintenance_version: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     request_hash: Mapped[str] = mapped_column(String(64))
@@ -660,6 +663,11 @@ class Store:
             for binding in rows:
                 assert binding.credentials is not None
                 binding.credentials = rotate(binding.credentials)
+                count += 1
+            kept = session.scalars(select(Instance).where(Instance.secrets.is_not(None)))
+            for instance in kept:
+                assert instance.secrets is not None
+                instance.secrets = rotate(instance.secrets)
                 count += 1
         return count
 

@@ -145,15 +145,7 @@ class WorkerContext(OperationContext):
         self.operation_id = op.id
         self.kind = op.kind  # type: ignore[assignment]
         request = op.request or {}
-        self.instance = InstanceView(
-            id=instance.id,
-            service_id=instance.service_id,
-            plan_id=instance.plan_id,
-            parameters=dict(instance.parameters or {}),
-            context=dict(instance.context or {}),
-            cloud=instance.cloud,
-            resources=dict(instance.resources or {}),
-        )
+        self.instance = instance_view(instance)
         self.binding = (
             BindingView(
                 id=binding.id,
@@ -198,6 +190,10 @@ class WorkerContext(OperationContext):
             op = self._store.operation(session, self.operation_id)
             return bool(op is None or op.cancel_requested)
 
+    @property
+    def stopping(self) -> bool:
+        return self._heartbeat.lost(self.operation_id) or self.cancelled
+
     def _check(self) -> None:
         if self._heartbeat.lost(self.operation_id):
             raise LeaseLost(f"lease of operation {self.operation_id} lost")
@@ -234,6 +230,54 @@ class WorkerContext(OperationContext):
             self.binding = _replace(self.binding, resources=merged)
         else:
             self.instance = _replace(self.instance, resources=merged)
+
+    def describe(self, text: str) -> None:
+        try:
+            self._check()
+            with self._store.write() as session:
+                self._store.owned(session, self.operation_id, self._owner).description = text
+        except LeaseLost:
+            raise
+        except Exception as exc:  # a description is not worth failing the pass for
+            log.warning("%s: description not saved: %s", self.operation_id, logs.short_error(exc))
+
+    def instance_of(self, instance_id: str) -> InstanceView | None:
+        with self._store.read() as session:
+            row = self._store.instance(session, instance_id)
+            return instance_view(row) if row is not None and row.state == PROVISIONED else None
+
+    @property
+    def secrets(self) -> Mapping[str, Any]:
+        with self._store.read() as session:
+            instance = self._store.instance(session, self.instance.id)
+            token = instance.secrets if instance is not None else None
+        return self._broker.secrets.decrypt(token) if token else {}
+
+    def keep_secrets(self, **values: Any) -> None:
+        self._check()
+        with self._store.write() as session:
+            self._store.owned(session, self.operation_id, self._owner)
+            instance = self._store.instance(session, self.instance.id)
+            if instance is None:
+                return
+            kept = self._broker.secrets.decrypt(instance.secrets) if instance.secrets else {}
+            kept.update(values)
+            kept = {k: v for k, v in kept.items() if v is not None}
+            instance.secrets = self._broker.secrets.encrypt(kept) if kept else None
+
+
+def instance_view(instance: Instance) -> InstanceView:
+    """What a service may see of an instance row."""
+    return InstanceView(
+        id=instance.id,
+        service_id=instance.service_id,
+        plan_id=instance.plan_id,
+        parameters=dict(instance.parameters or {}),
+        context=dict(instance.context or {}),
+        cloud=instance.cloud,
+        resources=dict(instance.resources or {}),
+        service_name=instance.service_name,
+    )
 
 
 def _replace(view: Any, **changes: Any) -> Any:
@@ -378,6 +422,7 @@ class Runner:
         elif op.kind == "deprovision" and owns:
             instance.state = GONE if ok else FAILED
             if ok:
+                instance.secrets = None
                 for other in self.store.bindings_of(session, instance.id):
                     other.state = GONE
                     other.credentials = None
@@ -499,4 +544,4 @@ class Worker:
         return count
 
 
-__all__ = ["Heartbeat", "Runner", "Worker", "WorkerContext", "owner_id"]
+__all__ = ["Heartbeat", "Runner", "Worker", "WorkerContext", "instance_view", "owner_id"]

@@ -22,7 +22,11 @@ from scoperouter.broker.services.base import (
     Done,
     Failed,
     Found,
+    InstanceLookup,
+    InstanceView,
+    InvalidParameters,
     OperationContext,
+    OperationKind,
     Outcome,
     Pending,
     PlanEntry,
@@ -58,6 +62,7 @@ BIND_SCHEMA = {
     "$schema": "http://json-schema.org/draft-04/schema#",
     "type": "object",
     "properties": {
+        "peer": {"type": "string"},
         "sleep": {"type": "number", "minimum": 0},
         "sleep_after": {"type": "number", "minimum": 0},
         "fail": {"type": "boolean"},
@@ -76,9 +81,12 @@ class FakeService(Service):
         return path
 
     def catalog(self) -> CatalogEntry:
+        # `updatable: false` in its settings: a service that cannot update its instances
+        # (no update schema, plans fixed), as openstack-server and openstack-image
+        updatable = bool(self.settings.get("updatable", True))
         schemas = Schemas(
             instance_create=CREATE_SCHEMA,
-            instance_update=UPDATE_SCHEMA,
+            instance_update=UPDATE_SCHEMA if updatable else None,
             binding_create=BIND_SCHEMA,
         )
         return CatalogEntry(
@@ -86,7 +94,7 @@ class FakeService(Service):
             name="fake",
             description="A fake service for the broker's tests",
             bindable=True,
-            plan_updateable=True,
+            plan_updateable=updatable,
             binding_rotatable=True,
             allow_context_updates=True,
             plans=(
@@ -100,6 +108,22 @@ class FakeService(Service):
                 PlanEntry(id=PLAN2_ID, name="large", description="large", schemas=schemas),
             ),
         )
+
+    def check_references(
+        self,
+        kind: OperationKind,
+        plan: PlanEntry,
+        parameters: Mapping[str, Any],
+        *,
+        instance: InstanceView | None,
+        lookup: InstanceLookup,
+    ) -> None:
+        """A bind's `peer` names another provisioned instance, in the same "cloud"."""
+        peer = parameters.get("peer")
+        if kind == "bind" and peer is not None:
+            found = lookup(str(peer))
+            if found is None or instance is None or found.cloud != instance.cloud:
+                raise InvalidParameters("parameters.peer", f"no instance {peer} beside this one")
 
     def _file(self, kind: str, ident: str) -> Path:
         return self.root / f"{kind}-{ident}"

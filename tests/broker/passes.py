@@ -38,6 +38,8 @@ class Saved:
     cloud: str | None = None
     resources: dict[str, Any] = field(default_factory=dict)
     saves: int = 0
+    secrets: dict[str, Any] = field(default_factory=dict)
+    descriptions: list[str] = field(default_factory=list)
 
 
 class MemoryOperation(OperationContext):
@@ -67,6 +69,7 @@ class MemoryOperation(OperationContext):
         self.log = logging.LoggerAdapter(log, {"operation": self.operation_id})
         self.saved = saved if saved is not None else Saved()
         self.cancel = False
+        self.others: dict[str, InstanceView] = {}  # instance_of: the broker's other instances
 
     @property
     def progress(self) -> Mapping[str, Any]:
@@ -85,6 +88,19 @@ class MemoryOperation(OperationContext):
 
     def set_resources(self, **ids: Any) -> None:
         self.saved.resources.update(ids)
+
+    def instance_of(self, instance_id: str) -> InstanceView | None:
+        return self.others.get(instance_id)
+
+    def describe(self, text: str) -> None:
+        self.saved.descriptions.append(text)
+
+    @property
+    def secrets(self) -> Mapping[str, Any]:
+        return dict(self.saved.secrets)
+
+    def keep_secrets(self, **values: Any) -> None:
+        self.saved.secrets.update(values)
 
 
 DEFAULT_CONTEXT = {"platform": "cloudfoundry", "organization_guid": "org", "space_guid": "space"}

@@ -485,3 +485,117 @@ def test_last_operation_bodies_are_osb_last_operation_objects(harness: Harness) 
     body = LastOperation.model_validate(failed.json())
     assert (body.state, body.description) == ("failed", "asked to fail")
     assert "retry-after" not in failed.headers
+
+
+# ------------------------------------------------------- found tried as CF and Kubernetes
+
+
+def _patch(h: Harness, **body: Any) -> Any:
+    return h.client.patch(
+        f"/v2/service_instances/{INSTANCE}",
+        params={"accepts_incomplete": "true"},
+        json={"service_id": fakes.SERVICE_ID, **body},
+    )
+
+
+def test_an_update_the_service_cannot_do_is_refused_at_once_changing_nothing(
+    db_url: str, tmp_path: Any
+) -> None:
+    """A service without an update schema (openstack-server, openstack-image): a PATCH that
+    changes a parameter is 422 with update_repeatable false, not a 202 followed by an update
+    that fails and can never succeed; the catalog says nothing is updatable."""
+    from tests.broker.conftest import make_broker
+
+    broker = make_broker(db_url, tmp_path / "cloud", fake={"updatable": False})
+    h = Harness(broker, tmp_path / "cloud")
+    try:
+        [service] = h.client.get("/v2/catalog").json()["services"]
+        assert service["plan_updateable"] is False
+        assert "update" not in service["plans"][0]["schemas"]["service_instance"]
+        h.provisioned(INSTANCE, {"size": 1})
+        for parameters in ({"bogus": 1}, {"size": 2}):
+            body = _unchanged(h, lambda p=parameters: _patch(h, parameters=p), 422)  # type: ignore[misc]
+            name = next(iter(parameters))
+            assert body["description"].startswith(f"parameters.{name}: plan small of fake")
+            assert body["update_repeatable"] is False and body["instance_usable"] is True
+        _unchanged(h, lambda: _patch(h, plan_id=fakes.PLAN2_ID), 422)
+        # the current values sent again (Kubernetes sends them all) change nothing: 200
+        assert _unchanged(h, lambda: _patch(h, parameters={"size": 1}), 200) == {}
+    finally:
+        h.client.close()
+        broker.close()
+
+
+def test_an_update_resending_current_values_changes_only_what_differs(harness: Harness) -> None:
+    """The update schema checks what changes: parameters sent again with their current value
+    (create-only ones included) are no change; a create-only one with a new value is 400
+    naming it."""
+    harness.provisioned(INSTANCE, {"size": 1, "steps": 2})
+    body = _unchanged(harness, lambda: _patch(harness, parameters={"steps": 3, "size": 1}), 400)
+    assert body["description"] == "parameters.steps: not a parameter of this plan"
+    response = _patch(harness, parameters={"size": 3, "steps": 2})
+    assert response.status_code == 202, response.text
+    harness.drain()
+    got = harness.client.get(f"/v2/service_instances/{INSTANCE}").json()
+    assert got["parameters"] == {"size": 3, "steps": 2}
+
+
+def test_a_provision_without_organization_and_space_and_no_context_is_400(
+    harness: Harness,
+) -> None:
+    """OSB 2.17 requires organization_guid and space_guid; only a context may stand in for
+    them (it names the platform's space). Else the instance would land in a shared space."""
+    no_context = {"context": None}
+    body = _unchanged(
+        harness,
+        lambda: harness.provision(
+            INSTANCE, body={**no_context, "organization_guid": None, "space_guid": None}
+        ),
+        400,
+        "BadRequest",
+    )
+    assert body["description"].startswith("organization_guid: required")
+    body = _unchanged(
+        harness, lambda: harness.provision(INSTANCE, body={**no_context, "space_guid": None}), 400
+    )
+    assert body["description"].startswith("space_guid: required")
+    # a context alone (Kubernetes' namespace, CF's space) names the space: accepted
+    response = harness.provision(
+        INSTANCE,
+        body={
+            "organization_guid": None,
+            "space_guid": None,
+            "context": {"platform": "kubernetes", "namespace": "ns", "clusterid": "c1"},
+        },
+    )
+    assert response.status_code == 202, response.text
+    # the guids without a context: accepted as before
+    response = harness.provision("inst-2", body=no_context)
+    assert response.status_code == 202, response.text
+
+
+def test_an_invalid_parameter_is_named_with_its_limit_never_its_value(harness: Harness) -> None:
+    """cloud-init text and other parameters may hold passwords: a 400 names the field and the
+    rule, never quotes what was sent (jsonschema's own messages quote it whole)."""
+    secret = "hunter2-s3cr3t"
+    cases = [
+        ({"name": secret * 5}, "parameters.name: longer than 20 characters"),
+        ({"size": secret}, "parameters.size: expected integer"),
+        ({"steps": 1000}, "parameters.steps: above the maximum of 100"),
+    ]
+    for parameters, expected in cases:
+        body = _unchanged(harness, lambda p=parameters: harness.provision(INSTANCE, p), 400)  # type: ignore[misc]
+        assert body["description"] == expected
+        assert secret not in json.dumps(body) and "1000" not in body["description"]
+
+
+def test_a_parameter_naming_another_instance_is_checked_before_anything_is_written(
+    harness: Harness,
+) -> None:
+    """Service.check_references: a bind naming an instance that is not a live one beside
+    this one is 400 naming the field (the volume-to-server rule), nothing written."""
+    harness.provisioned(INSTANCE)
+    body = _unchanged(harness, lambda: harness.bind(INSTANCE, "b1", {"peer": "nobody"}), 400)
+    assert body["description"] == "parameters.peer: no instance nobody beside this one"
+    harness.provisioned("inst-2")
+    assert harness.bind(INSTANCE, "b1", {"peer": "inst-2"}).status_code == 202

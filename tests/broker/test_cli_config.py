@@ -223,6 +223,41 @@ def test_operator_commands(
     assert harness.provision("op-2", {"steps": 5}).status_code == 202  # the id is free again
 
 
+def test_repair_counts_what_it_checked_not_the_deprovisioned_rows(
+    harness: Harness,
+    db_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`broker list` says "no instances" while the database keeps deprovisioned rows until
+    `purge`: repair's "no drift" counts the live records it compared and what it found."""
+    config = _write_config(tmp_path, db_url)
+    monkeypatch.setenv("SCOPEROUTER_BROKER_SECRET_KEYS", _key_of(harness))
+    for ident in ("gone-1", "gone-2"):
+        harness.provisioned(ident)
+        assert harness.deprovision(ident).status_code == 202
+        harness.drain()
+    assert cli.main(["list", "--config", str(config)]) == 0
+    assert capsys.readouterr().out.strip() == "no instances"
+    assert cli.main(["repair", "--config", str(config)]) == 0
+    assert capsys.readouterr().out.strip() == (
+        "no drift: 0 live instance(s) and 0 binding(s) match the 0 tagged resource(s) found "
+        "in 1 cloud(s) (FakeCloud)"
+    )
+    harness.provisioned("live-1")
+    assert harness.bind("live-1", "b-1").status_code == 202
+    harness.drain()
+    assert cli.main(["repair", "--config", str(config), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["checked"] == {
+        "instances": 1,
+        "bindings": 1,
+        "resources": 2,
+        "clouds": ["FakeCloud"],
+    }
+
+
 def _key_of(harness: Harness) -> str:
     fernet = harness.broker.secrets._fernet._fernets[0]  # type: ignore[attr-defined]
     import base64

@@ -22,7 +22,7 @@ from __future__ import annotations
 import abc
 import logging
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
@@ -191,6 +191,22 @@ class Clouds(Protocol):
         """The keystone region of `cloud` (clouds.yaml `region_name` of a binding)."""
         ...
 
+    def session_entry(
+        self, cloud: str, *, project_id: str | None = None, scope: str | None = None
+    ) -> dict[str, Any]:
+        """A clouds.yaml entry for a tool the broker runs (a playbook): a token of the
+        broker's account scoped to `project_id` in `cloud`, at the cloud's router, with the
+        routing scope `scope` (JSON text) when given. The token is a secret."""
+        ...
+
+    def endpoints(
+        self, cloud: str, *, project_id: str | None = None, scope: str | None = None
+    ) -> dict[str, str]:
+        """The public endpoint of each service type in the catalog that connection sees
+        (the routers' URLs, the project substituted: ``{"object-store":
+        "http://.../v1/AUTH_<project>"}``), for a tool that must name one."""
+        ...
+
 
 # ------------------------------------------------------------------- what a pass can see
 
@@ -204,6 +220,12 @@ class InstanceView:
     context: Mapping[str, Any]
     cloud: str | None
     resources: Mapping[str, Any]
+    service_name: str = ""  # the service's name in the broker config ("openstack-server")
+
+
+# Another instance of the broker by id, provisioned (None: no such live instance): what
+# Service.check_references may look at.
+InstanceLookup = Callable[[str], "InstanceView | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +270,12 @@ class OperationContext(abc.ABC):
         """A DELETE arrived for the instance (binding) while this provision (bind) ran: stop
         building and return (any outcome: the operation is recorded as stopped)."""
 
+    @property
+    def stopping(self) -> bool:
+        """The pass should end now: :attr:`cancelled`, or this worker lost the operation's
+        lease (another owns it; its outcome would be dropped). For a pass that runs long."""
+        return self.cancelled
+
     @abc.abstractmethod
     def save(self, **progress: Any) -> None:
         """Merge `progress` into the operation's saved progress and commit it now (so a pass
@@ -261,6 +289,28 @@ class OperationContext(abc.ABC):
     def set_resources(self, **ids: Any) -> None:
         """Merge OpenStack ids into the instance's (or, for bind/unbind, the binding's)
         resources; commits. E.g. ``set_resources(project_id=..., server_id=...)``."""
+
+    def describe(self, text: str) -> None:
+        """Show `text` as the operation's description (``last_operation``) while the pass
+        runs: for a pass that takes long (a playbook, task by task). Best effort; commits."""
+        return None
+
+    @property
+    def secrets(self) -> Mapping[str, Any]:
+        """What earlier operations of the instance kept with :meth:`keep_secrets` (decrypted;
+        never shown in GET, metadata or logs)."""
+        return {}
+
+    def instance_of(self, instance_id: str) -> InstanceView | None:
+        """Another instance of the broker, provisioned (None: no such live instance): what a
+        parameter naming one (a volume's server) refers to now."""
+        return None
+
+    def keep_secrets(self, **values: Any) -> None:
+        """Merge `values` into the instance's secrets, stored encrypted (a key pair's private
+        key that only its creation returns, for later binds); commits. A value None removes
+        its key."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no secrets")
 
 
 # ------------------------------------------------------------------------- the service
@@ -297,6 +347,21 @@ class Service(abc.ABC):
         """Checks beyond the plan's JSON schema (which the API applies first); raise
         InvalidParameters. Must not call any cloud. The default accepts what the schema
         accepts."""
+        return None
+
+    def check_references(
+        self,
+        kind: OperationKind,
+        plan: PlanEntry,
+        parameters: Mapping[str, Any],
+        *,
+        instance: InstanceView | None,
+        lookup: InstanceLookup,
+    ) -> None:
+        """Checks of what the parameters name in the broker's own state (another instance,
+        by `lookup`), and of an update or bind against `instance` as it is: raise
+        InvalidParameters (400) before anything is written. Must not call any cloud. The
+        default checks nothing."""
         return None
 
     @abc.abstractmethod

@@ -1,0 +1,600 @@
+"""``heat`` services: a HOT template is a plan (docs/broker/heat-templates.md).
+
+The operator lists plans in the broker config, each naming a Heat Orchestration Template; the
+plan's parameter schema is derived from the template's ``parameters`` (:func:`template_schemas`:
+types, defaults, descriptions, and the ``constraints`` JSON schema can say: ``length``,
+``range``, ``allowed_values``, ``allowed_pattern``, a ``modulo`` without offset), and its
+``outputs`` are the bindings' credentials. Provision creates a stack in the chosen cloud through
+its router (the placement of :mod:`~scoperouter.broker.services.placed`: with a scope, a stack
+in CloudOne whose server boots CloudTwo's image), update updates it (a plan change replaces
+the template), deprovision deletes it; a stack that fails says why in the operation's
+description (heat's ``stack_status_reason``).
+
+Crash safety: the stack is named after the instance (``osb-<id>``; heat refuses a second stack
+of one name in a project) and tagged with it, and a pass looks it up before creating one: a
+pass re-run after a crash finds the stack a dead pass created, whatever state it is in, and
+goes on polling it. Every call goes through openstacksdk's ``orchestration`` proxy.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from scoperouter.broker import credentials, placement
+from scoperouter.broker.config import BrokerConfigError
+from scoperouter.broker.services import placed
+from scoperouter.broker.services.base import (
+    DRAFT4,
+    CatalogEntry,
+    Clouds,
+    Done,
+    Failed,
+    Found,
+    OperationContext,
+    Outcome,
+    Pending,
+    PlanEntry,
+    Schemas,
+    stable_id,
+)
+from scoperouter.broker.services.placed import PlacementSpec
+from scoperouter.broker.services.server import error_text, instance_tag
+
+BROKER_TAG = "osb"
+POLL_SECONDS = 3.0
+DELETE_RETRIES = 3  # a stack that fails to delete is asked again this many times
+HOT_TYPES = ("string", "number", "json", "comma_delimited_list", "boolean")
+STACK_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,254}$")
+
+
+# ----------------------------------------------------------------- templates -> schemas
+
+
+class _HotLoader(yaml.SafeLoader):
+    """YAML as heat reads templates: dates stay text (``heat_template_version: 2018-08-31``
+    is a version, not a date)."""
+
+
+_HotLoader.yaml_implicit_resolvers = {
+    key: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for key, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def load_template(path: Path) -> dict[str, Any]:
+    """A HOT template from a file, checked for what the broker relies on; raises
+    BrokerConfigError naming the file."""
+    try:
+        data = yaml.load(path.read_text(), Loader=_HotLoader)  # a SafeLoader
+    except OSError as exc:
+        raise BrokerConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise BrokerConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict) or "heat_template_version" not in data:
+        raise BrokerConfigError(f"{path}: not a HOT template (no heat_template_version)")
+    if not isinstance(data.get("resources"), Mapping) or not data["resources"]:
+        raise BrokerConfigError(f"{path}: resources: a template needs at least one resource")
+    for key in ("parameters", "outputs"):
+        if not isinstance(data.get(key) or {}, Mapping):
+            raise BrokerConfigError(f"{path}: {key}: expected a mapping")
+    return data
+
+
+def template_schemas(
+    template: Mapping[str, Any], *, fixed: Iterable[str] = ()
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The JSON schemas (create, update) of a template's parameters, but those in `fixed`
+    (set by the plan). A parameter without a default is required at create; the update schema
+    leaves out ``immutable`` parameters and requires nothing (an update changes what it
+    names). Raises ValueError naming the parameter and the key it cannot use."""
+    fixed = set(fixed)
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    mutable: dict[str, Any] = {}
+    for name, spec in (template.get("parameters") or {}).items():
+        name = str(name)
+        if name in fixed:
+            continue
+        if not isinstance(spec, Mapping):
+            raise ValueError(f"parameters.{name}: expected a mapping")
+        schema = parameter_schema(name, spec)
+        properties[name] = schema
+        if "default" not in spec:
+            required.append(name)
+        if not spec.get("immutable"):
+            mutable[name] = copy.deepcopy(schema)
+    create: dict[str, Any] = {
+        "$schema": DRAFT4,
+        "type": "object",
+        "additionalProperties": False,
+        "properties": properties,
+    }
+    if required:
+        create["required"] = sorted(required)
+    update = {
+        "$schema": DRAFT4,
+        "type": "object",
+        "additionalProperties": False,
+        "properties": mutable,
+    }
+    return create, update
+
+
+def parameter_schema(name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """One HOT parameter as a JSON schema (draft-04)."""
+    kind = spec.get("type")
+    if kind not in HOT_TYPES:
+        raise ValueError(f"parameters.{name}.type: expected one of {list(HOT_TYPES)}, got {kind!r}")
+    schema: dict[str, Any]
+    if kind == "string":
+        schema = {"type": "string"}
+    elif kind == "number":
+        schema = {"type": "number"}
+    elif kind == "boolean":
+        schema = {"type": "boolean"}
+    elif kind == "json":
+        schema = {"type": ["object", "array"]}
+    else:  # a list, or its comma separated text (as heat takes it)
+        schema = {"type": ["array", "string"], "items": {"type": "string"}}
+    if spec.get("label"):
+        schema["title"] = str(spec["label"])
+    notes = [str(spec["description"])] if spec.get("description") else []
+    if "default" in spec:
+        schema["default"] = _default(kind, spec["default"])
+    if spec.get("hidden"):
+        schema["writeOnly"] = True
+    if spec.get("immutable"):
+        notes.append("cannot be changed by an update")
+    constraints = spec.get("constraints") or []
+    if not isinstance(constraints, list):
+        raise ValueError(f"parameters.{name}.constraints: expected a list")
+    for index, constraint in enumerate(constraints):
+        if not isinstance(constraint, Mapping):
+            raise ValueError(f"parameters.{name}.constraints[{index}]: expected a mapping")
+        note = _constrain(name, kind, schema, constraint)
+        if note:
+            notes.append(note)
+    if notes:
+        schema["description"] = "; ".join(notes)
+    return schema
+
+
+def _default(kind: Any, value: Any) -> Any:
+    if kind == "comma_delimited_list" and isinstance(value, str):
+        return [item.strip() for item in value.split(",")] if value else []
+    if kind == "number" and isinstance(value, str):
+        try:
+            return float(value) if "." in value else int(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _constrain(name: str, kind: Any, schema: dict[str, Any], constraint: Mapping[str, Any]) -> str:
+    """Apply one HOT constraint to `schema`; returns a note for what only heat can check."""
+    where = f"parameters.{name}.constraints"
+    if "length" in constraint:
+        bounds = constraint["length"] or {}
+        if kind == "string":
+            keys = ("minLength", "maxLength")
+        elif kind in ("comma_delimited_list", "json"):
+            keys = ("minItems", "maxItems")  # heat counts items (json: keys too)
+            if kind == "json":
+                return "its length is checked by heat"
+        else:
+            raise ValueError(f"{where}: length applies to string, json and list parameters")
+        if "min" in bounds:
+            schema[keys[0]] = int(bounds["min"])
+        if "max" in bounds:
+            schema[keys[1]] = int(bounds["max"])
+    elif "range" in constraint:
+        if kind != "number":
+            raise ValueError(f"{where}: range applies to number parameters")
+        bounds = constraint["range"] or {}
+        if "min" in bounds:
+            schema["minimum"] = bounds["min"]
+        if "max" in bounds:
+            schema["maximum"] = bounds["max"]
+    elif "modulo" in constraint:
+        if kind != "number":
+            raise ValueError(f"{where}: modulo applies to number parameters")
+        step = (constraint["modulo"] or {}).get("step")
+        offset = (constraint["modulo"] or {}).get("offset", 0)
+        if step and not offset:
+            schema["multipleOf"] = step
+        else:
+            return f"a multiple of {step} plus {offset} (checked by heat)"
+    elif "allowed_values" in constraint:
+        values = list(constraint["allowed_values"] or [])
+        target = schema["items"] if kind == "comma_delimited_list" else schema
+        target["enum"] = values
+    elif "allowed_pattern" in constraint:
+        if kind not in ("string", "comma_delimited_list"):
+            raise ValueError(f"{where}: allowed_pattern applies to string parameters")
+        pattern = str(constraint["allowed_pattern"])
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"{where}: allowed_pattern: {exc}") from None
+        # heat matches the whole value (re.match and the match's end); JSON schema searches
+        target = schema["items"] if kind == "comma_delimited_list" else schema
+        target["pattern"] = f"^(?:{pattern})$"
+    elif "custom_constraint" in constraint:
+        return f"a valid {constraint['custom_constraint']} (checked by heat)"
+    else:
+        raise ValueError(f"{where}: unknown constraint {sorted(constraint)}")
+    return str(constraint.get("description") or "")
+
+
+def stack_parameters(template: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
+    """What heat gets: the template's parameters among `values` (lists of a
+    comma_delimited_list joined as heat takes them)."""
+    declared = template.get("parameters") or {}
+    out: dict[str, Any] = {}
+    for name, spec in declared.items():
+        if name not in values:
+            continue
+        value = values[name]
+        if (spec or {}).get("type") == "comma_delimited_list" and isinstance(value, list):
+            value = ",".join(str(v) for v in value)
+        out[str(name)] = value
+    return out
+
+
+def stack_name(instance_id: str) -> str:
+    """``osb-<instance id>`` when heat takes it as a stack name, else ``osb-<digest>`` (48
+    hex digits: never the 40 of a digested instance tag, so `broker repair` tells the two
+    apart)."""
+    name = f"osb-{instance_id}"
+    if STACK_NAME.match(name):
+        return name
+    return "osb-" + hashlib.sha256(instance_id.encode()).hexdigest()[:48]
+
+
+def owner_of(name: str | None, tags: Iterable[str]) -> str | None:
+    """The instance id a stack of this broker belongs to, from its name and tags (None when
+    neither says it: an instance id heat could not take as a name)."""
+    if not name or not name.startswith("osb-"):
+        return None
+    candidate = name[len("osb-") :]
+    return candidate if instance_tag(candidate) in set(tags) else None
+
+
+# ----------------------------------------------------------------------- the config
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HeatPlan(_Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")
+    description: str = Field(min_length=1)
+    template: str = Field(min_length=1)  # a file, relative to the broker config
+    id: str | None = Field(default=None, min_length=1, max_length=255)
+    free: bool = True
+    bindable: bool | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    # template parameters this plan sets (not offered to platforms)
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    demand: dict[str, float] | None = None
+    maximum_polling_duration: int | None = Field(default=None, gt=0)
+
+
+class HeatSettings(_Strict):
+    """A heat service's section of the broker config (besides the broker's own keys)."""
+
+    id: str | None = Field(default=None, min_length=1, max_length=255)
+    description: str = "An OpenStack Heat stack of a template the operator offers"
+    bindable: bool = True
+    plan_updateable: bool = False
+    binding_rotatable: bool = False
+    tags: tuple[str, ...] = ("openstack", "heat")
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    project: placed.ProjectMode = "space"
+    placement: PlacementSpec = PlacementSpec()
+    # each binding also gets an application credential of the stack's project
+    binding_credential: bool = False
+    binding_roles: tuple[str, ...] | None = None
+    binding_lifetime: float | None = Field(default=None, gt=0)
+    binding_access_rules: tuple[dict[str, str], ...] = ()
+    # how often a stack in progress is read again
+    poll_seconds: float = Field(default=POLL_SECONDS, gt=0, le=60)
+    plans: tuple[HeatPlan, ...] = Field(min_length=1)
+
+
+def service_class(name: str) -> type[HeatService]:
+    """The Service class of the heat service enabled as `name`."""
+    return type(f"HeatService[{name}]", (HeatService,), {"name": name})
+
+
+class HeatService(placed.PlacedService):
+    """Plans from HOT templates (see the module docstring)."""
+
+    name: ClassVar[str] = "heat"
+
+    def __init__(self, settings: Mapping[str, Any], clouds: Clouds) -> None:
+        super().__init__(settings, clouds)
+        where = f"services.{self.name}"
+        try:
+            self.spec = HeatSettings.model_validate(dict(settings))
+            self.placement = self.spec.placement
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"]) or "(top)"
+            raise BrokerConfigError(f"{where}.{loc}: {first['msg']}") from None
+        try:
+            placed.check_default(self.spec.placement, clouds.names())
+        except placement.PlacementError as exc:
+            raise BrokerConfigError(f"{where}.placement.default: {exc}") from None
+        self.templates: dict[str, dict[str, Any]] = {}  # plan id -> template
+        plans = []
+        for index, plan in enumerate(self.spec.plans):
+            template = load_template(Path(plan.template))
+            try:
+                create, update = template_schemas(template, fixed=plan.parameters)
+                placed.add_where(create, self.spec.placement, clouds.names())
+            except ValueError as exc:
+                raise BrokerConfigError(
+                    f"{where}.plans[{index}] ({plan.template}): {exc}"
+                ) from None
+            plan_id = plan.id or stable_id("heat", self.name, plan.name)
+            self.templates[plan_id] = template
+            plans.append(
+                PlanEntry(
+                    id=plan_id,
+                    name=plan.name,
+                    description=plan.description,
+                    free=plan.free,
+                    bindable=plan.bindable,
+                    schemas=Schemas(
+                        instance_create=create,
+                        instance_update=update if update["properties"] else None,
+                        binding_create={**_EMPTY} if self.spec.bindable else None,
+                    ),
+                    maximum_polling_duration=plan.maximum_polling_duration,
+                    metadata=dict(plan.metadata),
+                    settings={"parameters": dict(plan.parameters), "demand": plan.demand},
+                )
+            )
+        self._catalog = CatalogEntry(
+            id=self.spec.id or stable_id("heat", self.name),
+            name=self.name,
+            description=self.spec.description,
+            plans=tuple(plans),
+            bindable=self.spec.bindable,
+            plan_updateable=self.spec.plan_updateable,
+            binding_rotatable=self.spec.binding_rotatable,
+            tags=self.spec.tags,
+            metadata=dict(self.spec.metadata),
+        )
+        self.policy = credentials.CredentialPolicy(
+            roles=tuple(self.spec.binding_roles or ("member",)),
+            lifetime=self.spec.binding_lifetime,
+            access_rules=self.spec.binding_access_rules,
+        )
+
+    # -------------------------------------------------------------------------- passes
+
+    def _values(self, op: OperationContext) -> dict[str, Any]:
+        """The stack's parameters: the request's, then the plan's own."""
+        given = {k: v for k, v in op.parameters.items() if k != placed.WHERE_PARAMETER}
+        return {**given, **dict(op.plan.settings.get("parameters") or {})}
+
+    @staticmethod
+    def _orchestration(op: OperationContext, target: Mapping[str, Any]) -> Any:
+        return placed.connect(op, target).orchestration
+
+    def _find(self, op: OperationContext, orchestration: Any) -> Any | None:
+        """The instance's stack: by the id a pass recorded, else by name (a pass that died
+        between the create and its save)."""
+        from openstack import exceptions
+
+        known = op.progress.get("stack_id") or op.instance.resources.get("stack_id")
+        if known:
+            try:
+                return orchestration.get_stack(known)  # DELETE_COMPLETE: the caller decides
+            except exceptions.NotFoundException:
+                pass
+        return orchestration.find_stack(stack_name(op.instance.id), ignore_missing=True)
+
+    def provision(self, op: OperationContext) -> Outcome:
+        if op.cancelled:
+            return Failed("stopped: a deprovision request arrived; it removes what was built")
+        target = placed.choose(
+            op, self.spec.placement, self.spec.project, op.plan.settings.get("demand")
+        )
+        if isinstance(target, Failed | Pending):
+            return target
+        orchestration = self._orchestration(op, target)
+        stack = self._find(op, orchestration)
+        if stack is None or stack.status == "DELETE_COMPLETE":
+            if op.cancelled:
+                return Failed("stopped: a deprovision request arrived")
+            stack = self._create(op, orchestration, target)
+            if isinstance(stack, Failed):
+                return stack
+        self._record(op, stack)
+        return self._outcome("CREATE", stack, target)
+
+    def _create(self, op: OperationContext, orchestration: Any, target: Mapping[str, Any]) -> Any:
+        from openstack import exceptions
+
+        template = self.templates[op.plan.id]
+        name = stack_name(op.instance.id)
+        try:
+            stack = orchestration.create_stack(
+                name=name,
+                template=template,
+                parameters=stack_parameters(template, self._values(op)),
+                tags=[BROKER_TAG, instance_tag(op.instance.id)],
+                timeout_mins=_minutes_left(op),
+                disable_rollback=True,  # a failed stack keeps its resources and its reason
+            )
+        except exceptions.ConflictException:
+            # a stack of that name exists: made by a pass whose answer was lost
+            found = orchestration.find_stack(name, ignore_missing=True)
+            if found is None:
+                raise
+            return found
+        except exceptions.BadRequestException as exc:  # heat refused the template/parameters
+            where = placed.describe(target)
+            return Failed(f"heat refused stack {name} in {where}: {error_text(exc)}")
+        op.log.info("created stack %s (%s) in %s", name, stack.id, target["cloud"])
+        op.save(stack_id=stack.id)
+        return orchestration.get_stack(stack.id)
+
+    def _record(self, op: OperationContext, stack: Any) -> None:
+        if op.progress.get("stack_id") != stack.id:
+            op.save(stack_id=stack.id)
+        if op.instance.resources.get("stack_id") != stack.id:
+            op.set_resources(stack_id=stack.id, stack_name=stack.name)
+
+    def _outcome(self, action: str, stack: Any, target: Mapping[str, Any]) -> Outcome:
+        """Done, Pending or Failed (with heat's reason) for a stack after `action`."""
+        status = str(stack.status or "")
+        where = placed.describe(target)
+        what = f"stack {stack.name} ({stack.id})"
+        if status == f"{action}_COMPLETE":
+            return Done(f"{what} is {status} in {where}")
+        if status.endswith("_IN_PROGRESS") or not status.startswith(f"{action}_"):
+            return Pending(f"{what} is {status or 'starting'} in {where}", self.spec.poll_seconds)
+        reason = str(stack.status_reason or "no reason given")
+        return Failed(f"{what} is {status} in {where}: {reason}")
+
+    def update(self, op: OperationContext) -> Outcome:
+        target = placed.recorded(op)
+        if target is None:
+            return Failed("the instance has no stack to update (it was not provisioned)")
+        orchestration = self._orchestration(op, target)
+        stack = self._find(op, orchestration)
+        if stack is None or stack.status == "DELETE_COMPLETE":
+            return Failed(f"stack {stack_name(op.instance.id)} is gone from {target['cloud']}")
+        if not op.progress.get("sent"):
+            if str(stack.status or "").endswith("_IN_PROGRESS"):
+                return Pending(
+                    f"stack {stack.name} is {stack.status}: waiting", self.spec.poll_seconds
+                )
+            template = self.templates[op.plan.id]  # the target plan's
+            orchestration.update_stack(
+                stack,
+                template=template,
+                parameters=stack_parameters(template, self._values(op)),
+                timeout_mins=_minutes_left(op),
+            )
+            op.save(sent=True)
+            return Pending(
+                f"updating stack {stack.name} in {target['cloud']}", self.spec.poll_seconds
+            )
+        return self._outcome("UPDATE", orchestration.get_stack(stack.id), target)
+
+    def deprovision(self, op: OperationContext) -> Outcome:
+        target = placed.recorded(op)
+        if target is None:
+            return Done("nothing was built")
+        orchestration = self._orchestration(op, target)
+        stack = self._find(op, orchestration)
+        where = placed.describe(target)
+        if stack is None or stack.status == "DELETE_COMPLETE":
+            text = f"no stack of this instance is left in {where}"
+            if self.spec.binding_credential:
+                revoked = credentials.revoke_instance(op)
+                if revoked:
+                    text += f"; {revoked} binding credential(s) revoked"
+            return Done(text)
+        status = str(stack.status or "")
+        if status == "DELETE_IN_PROGRESS":
+            return Pending(f"deleting stack {stack.name} in {where}", self.spec.poll_seconds)
+        if status == "DELETE_FAILED":
+            failures = int(op.progress.get("delete_failures", 0)) + 1
+            if failures > DELETE_RETRIES:
+                return Failed(
+                    f"stack {stack.name} ({stack.id}) is DELETE_FAILED in {where}: "
+                    f"{stack.status_reason or 'no reason given'}"
+                )
+            op.save(delete_failures=failures)
+        orchestration.delete_stack(stack)
+        op.log.info("deleting stack %s (%s) in %s", stack.name, stack.id, target["cloud"])
+        return Pending(f"deleting stack {stack.name} in {where}", self.spec.poll_seconds)
+
+    def bind(self, op: OperationContext) -> Outcome:
+        """The stack's outputs (read now), plus the stack's coordinates and, when the service
+        says so, an application credential of its project."""
+        target = placed.recorded(op)
+        if target is None:
+            return Failed("the instance has no stack to bind to (it was not provisioned)")
+        if op.cancelled:
+            return Failed("stopped: an unbind request arrived")
+        stack = self._find(op, self._orchestration(op, target))
+        if stack is None or stack.status == "DELETE_COMPLETE":
+            return Failed(f"stack {stack_name(op.instance.id)} is gone from {target['cloud']}")
+        outputs = {
+            str(o.get("output_key")): o.get("output_value")
+            for o in (stack.outputs or [])
+            if isinstance(o, Mapping) and o.get("output_key") and not o.get("output_error")
+        }
+        base = {"cloud": target["cloud"], "stack_id": stack.id, "stack_name": stack.name}
+        result: dict[str, Any] = {"credentials": {**base, **outputs}}
+        if self.spec.binding_credential:
+            issued = credentials.issue(
+                op,
+                cloud=str(target["cloud"]),
+                project_id=str(target["project_id"]),
+                policy=self.policy,
+                scope=json.loads(target["scope"]) if target.get("scope") else None,
+            )
+            extra = dict(issued.result or {})
+            result = {**extra, "credentials": {**extra.get("credentials", {}), **base, **outputs}}
+        return Done(
+            f"outputs of stack {stack.name}: {', '.join(sorted(outputs)) or 'none'}", result
+        )
+
+    def unbind(self, op: OperationContext) -> Outcome:
+        if self.spec.binding_credential:
+            return credentials.revoke(op)
+        return Done("nothing to remove")
+
+    # ----------------------------------------------------------------------- inventory
+
+    def inventory(self, cloud: str) -> Iterable[Found]:
+        """Stacks carrying the broker's tag in every project of `cloud` (heat's
+        ``global_tenant``: the broker's account needs heat's admin policy, as for servers)."""
+        conn = self.clouds.connect(cloud)
+        response = conn.orchestration.get(
+            "/stacks", params={"global_tenant": "True", "tags": BROKER_TAG}
+        )
+        response.raise_for_status()
+        for stack in response.json().get("stacks", []):
+            yield Found(
+                cloud=cloud,
+                kind="stack",
+                id=str(stack.get("id")),
+                instance_id=owner_of(stack.get("stack_name"), stack.get("tags") or []),
+                name=stack.get("stack_name"),
+            )
+
+
+_EMPTY: dict[str, Any] = {
+    "$schema": DRAFT4,
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {},
+}
+
+
+def _minutes_left(op: OperationContext) -> int:
+    """The operation's time left, in whole minutes (heat's stack timeout), at least 1."""
+    left = (
+        op.deadline.replace(tzinfo=None) - datetime.now(UTC).replace(tzinfo=None)
+    ).total_seconds()
+    return max(1, int(left // 60))
