@@ -104,7 +104,11 @@ async def exchange(
         if client is not None:
             client.relay = conn
         try:
-            status = await _final_head(conn, sending, client, informational)
+            while True:  # until the final answer's head is in, or the connection failed (0)
+                await conn.wait()
+                status = _final_status(conn, informational)
+                if status or _failed(conn, sending, client):
+                    break
         except BaseException:
             _give_up(conn, sending, "the exchange was given up")
             raise
@@ -149,29 +153,27 @@ async def _send(body: Body, conn: UpstreamConnection, chunked: bool, timeout: fl
         return  # the upstream stopped reading: its answer (or error) tells the rest
 
 
-async def _final_head(
-    conn: UpstreamConnection,
-    sending: asyncio.Task[None] | None,
-    client: ClientConnection | None,
-    informational: Callable[[Head], None] | None,
-) -> int:
-    """Until the final answer's head is in (informational ones passed on): its status; 0 when
-    the connection failed first. The client's faults are raised."""
-    while True:
-        await conn.wait()
-        while conn.heads:
-            status = conn.heads[0][0]
-            if status >= 200:
-                return status
-            interim = conn.heads.popleft()
-            if informational is not None:
-                informational(interim)
-        if sending is not None and sending.done() and sending.exception() is not None:
-            raise sending.exception()  # type: ignore[misc]
-        if client is not None and client.closed:
-            raise ClientGone()
-        if conn.error is not None or conn.complete:
-            return 0
+def _final_status(conn: UpstreamConnection, informational: Callable[[Head], None] | None) -> int:
+    """The final answer's status once its head is in (informational ones passed on), else 0."""
+    while conn.heads:
+        status = conn.heads[0][0]
+        if status >= 200:
+            return status
+        interim = conn.heads.popleft()
+        if informational is not None:
+            informational(interim)
+    return 0
+
+
+def _failed(
+    conn: UpstreamConnection, sending: asyncio.Task[None] | None, client: ClientConnection | None
+) -> bool:
+    """Whether the exchange ended without an answer; the client's own faults are raised."""
+    if sending is not None and sending.done() and sending.exception() is not None:
+        raise sending.exception()  # type: ignore[misc]
+    if client is not None and client.closed:
+        raise ClientGone()
+    return conn.error is not None or conn.complete
 
 
 def _give_up(conn: UpstreamConnection, sending: asyncio.Task[None] | None, why: str) -> None:
@@ -219,12 +221,24 @@ async def relay(
     conn = answer.conn
     status = answer.status
     no_body = wire.bodiless(method, status)
-    found = wire.field_map(answer.fields)
-    length = found.get(b"content-length")
-    chunked = b"chunked" in found.get(b"transfer-encoding", b"").lower()
-    tokens = heads.connection_tokens(found.get(b"connection", b"")) or frozenset()
-    drop = wire.HOP_BY_HOP | tokens if tokens else wire.HOP_BY_HOP
-    out = [f for f in answer.fields if f[0].lower() not in drop]
+    # One pass over the answer's fields: the hop-by-hop ones are read, the others kept.
+    length: bytes | None = None
+    coding = connection = b""
+    out: Fields = []
+    hop_by_hop = wire.HOP_BY_HOP
+    for field in answer.fields:
+        name = field[0].lower()
+        if name not in hop_by_hop:
+            out.append(field)
+        elif name == b"content-length":
+            length = field[1]
+        elif name == b"transfer-encoding":
+            coding += field[1]
+        elif name == b"connection":
+            connection += b"," + field[1]
+    chunked = b"chunked" in coding.lower()
+    if connection and (tokens := heads.connection_tokens(connection)):
+        out = [f for f in out if f[0].lower() not in tokens]  # the fields Connection names
     out += extra
     if answer.sending is not None and not answer.sending.done():
         keep = False  # answered before the body was complete: the rest is not read

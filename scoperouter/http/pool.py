@@ -111,6 +111,7 @@ class Pool:
         self.idle_seconds: dict[Origin, float] = {}  # per origin, else IDLE_SECONDS
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._on_lost = self.returned  # one bound method, not one per lending
 
     def configure(
         self,
@@ -157,8 +158,11 @@ class Pool:
         return found
 
     def _lend(self, conn: UpstreamConnection) -> None:
-        conn.on_lost = self.returned
-        self.lent.setdefault(conn.origin, set()).add(conn)
+        conn.on_lost = self._on_lost
+        lent = self.lent.get(conn.origin)
+        if lent is None:
+            lent = self.lent[conn.origin] = set()
+        lent.add(conn)
 
     def returned(self, conn: UpstreamConnection) -> None:
         """`conn`'s exchange is over (given back, or its connection is gone)."""

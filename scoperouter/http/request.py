@@ -111,7 +111,7 @@ class Request:
     fields: Fields  # the head's fields as received (never trailer fields)
     headers: dict[str, str]  # lower-case name -> value (utf-8, surrogateescape), joined
     connection: frozenset[bytes]  # the options Connection names (lower-case)
-    keep_alive: bool
+    keep_alive: bool  # the client's wish; the application clears it when it must close
     chunked: bool
     length: int | None  # Content-Length, if given
     body: Body

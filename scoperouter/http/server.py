@@ -51,6 +51,7 @@ from scoperouter.http import heads
 from scoperouter.http.flow import FlowControl
 from scoperouter.http.request import Body, BodyError, Refusal, Request
 from scoperouter.http.wire import ALLOW_FIELD, Fields, error_response
+from scoperouter.semantics import header_map
 
 logger = logging.getLogger("scoperouter")
 
@@ -78,8 +79,9 @@ class _BodyRefused(Exception):
 class Application(Protocol):
     """What a connection needs of the one who answers its requests."""
 
-    def handle(self, conn: ClientConnection, request: Request) -> Awaitable[bool]:
-        """Answer `request` on `conn`; whether the connection may carry another request."""
+    def handle(self, conn: ClientConnection, request: Request) -> Awaitable[None]:
+        """Answer `request` on `conn`; ``request.keep_alive`` False when the connection may not
+        carry another request."""
 
     def refused(self, conn: ClientConnection, refusal: Refusal) -> None:
         """A head was refused (answered already): log and count it."""
@@ -133,8 +135,6 @@ class ClientConnection(asyncio.Protocol):
         self._count = 0
         self._head_bytes = 0
         self._raw_head = 0
-        self._hosts = 0
-        self._host: bytes = b""
         # the request whose body is being read, and what of it was not body
         self._current: Request | None = None
         self._progress = False
@@ -196,7 +196,6 @@ class ClientConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.refused:
             return  # lingering after a refusal: what still comes is dropped
-        self.last_read = time.monotonic()
         current = self._current
         self._progress = False
         try:
@@ -219,6 +218,8 @@ class ClientConnection(asyncio.Protocol):
             self._parse_error(exc)
             return
         limits = self.state.limits
+        if self._current is not None:  # a body is being read: its silence counts from now
+            self.last_read = time.monotonic()
         if self.head_started is not None:
             # A head is still incomplete: its raw size counts (a field value may be huge).
             self._raw_head += len(data)
@@ -236,8 +237,7 @@ class ClientConnection(asyncio.Protocol):
         self.head_started = time.monotonic()
         self._url.clear()
         self._fields = []
-        self._count = self._head_bytes = self._raw_head = self._hosts = 0
-        self._host = b""
+        self._count = self._head_bytes = self._raw_head = 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -262,9 +262,6 @@ class ClientConnection(asyncio.Protocol):
             raise _Refused(431, heads.too_large(limits))
         if _CONTROL.search(value) is not None:
             raise _Refused(400, heads.CONTROL_MESSAGE)
-        if len(name) == 4 and name.lower() == b"host":
-            self._hosts += 1
-            self._host = value
         if self._count <= limits.max_headers:
             self._fields.append((name, value))
 
@@ -279,42 +276,42 @@ class ClientConnection(asyncio.Protocol):
         if parser.should_upgrade():
             raise _Refused(400, heads.UPGRADE_MESSAGE)
         target = bytes(self._url)
-        refused = heads.check_target(method, target)
-        if refused is not None:
-            raise _Refused(*refused)
+        authority = None
+        if target[:1] != b"/" or b"#" in target:  # not plain origin-form: look closer
+            refused = heads.check_target(method, target)
+            if refused is not None:
+                raise _Refused(*refused)
+            if heads.target_form(method, target) == "absolute":
+                absolute = heads.split_absolute(target)
+                if absolute is None:
+                    raise _Refused(400, heads.BAD_ABSOLUTE_MESSAGE)
+                target, authority = absolute.origin_form, absolute.authority
         version = parser.get_http_version()
         if version not in ("1.1", "1.0"):
             raise _Refused(505, heads.unknown_version(version))
-        authority = None
-        if heads.target_form(method, target) == "absolute":
-            absolute = heads.split_absolute(target)
-            if absolute is None:
-                raise _Refused(400, heads.BAD_ABSOLUTE_MESSAGE)
-            target, authority = absolute.origin_form, absolute.authority
-        if self._hosts > 1:
-            raise _Refused(400, heads.MANY_HOSTS_MESSAGE)
-        if self._hosts == 0 and version != "1.0":
-            raise _Refused(400, heads.NO_HOST_MESSAGE)
-        if self._hosts and not heads.valid_host(self._host):
+        headers = header_map(self._fields)
+        host = headers.get("host")
+        if host is None:
+            if version != "1.0":
+                raise _Refused(400, heads.NO_HOST_MESSAGE)
+        elif not heads.valid_host(_raw(host)):
+            # Repeated fields are joined with ", ", which no valid Host contains.
+            if sum(1 for name, _ in self._fields if name.lower() == b"host") > 1:
+                raise _Refused(400, heads.MANY_HOSTS_MESSAGE)
             raise _Refused(400, heads.BAD_HOST_MESSAGE)
-        raw: dict[bytes, bytes] = {}
-        headers: dict[str, str] = {}
-        for raw_name, raw_value in self._fields:
-            key = raw_name.lower()
-            raw[key] = raw[key] + b", " + raw_value if key in raw else raw_value
-            name = key.decode("latin-1")
-            value = raw_value.decode("utf-8", "surrogateescape")
-            headers[name] = f"{headers[name]}, {value}" if name in headers else value
-        coding = raw.get(b"transfer-encoding")
+        coding = headers.get("transfer-encoding")
         if coding is not None:
             if version == "1.0":
                 raise _Refused(400, heads.TE_HTTP10_MESSAGE)
-            if coding.strip(b" \t").lower() != b"chunked":
-                raise _Refused(501, heads.unknown_coding(coding))
-        connection = heads.connection_tokens(raw.get(b"connection", b""))
-        if connection is None:
-            raise _Refused(400, heads.BAD_CONNECTION_MESSAGE)
-        length = raw.get(b"content-length")
+            if coding.strip(" \t").lower() != "chunked":
+                raise _Refused(501, heads.unknown_coding(_raw(coding)))
+        connection: frozenset[bytes] = frozenset()
+        if "connection" in headers:  # compared as the bytes that came
+            tokens = heads.connection_tokens(_raw(headers["connection"]))
+            if tokens is None:
+                raise _Refused(400, heads.BAD_CONNECTION_MESSAGE)
+            connection = tokens
+        length = headers.get("content-length")
         request = Request(
             method=method.decode("ascii"),
             target=target,
@@ -408,8 +405,9 @@ class ClientConnection(asyncio.Protocol):
             self.flow.resume_reading()
 
     async def drain(self) -> None:
-        if self.flow is not None:
-            await self.flow.drain()
+        flow = self.flow
+        if flow is not None and flow.write_paused_since is not None:  # (no coroutine else)
+            await flow.drain()
         if self.closed:
             raise ClientGone()
 
@@ -441,7 +439,8 @@ class ClientConnection(asyncio.Protocol):
                     return
                 self.busy = True
                 try:
-                    keep = await self.app.handle(self, item)
+                    await self.app.handle(self, item)
+                    keep = item.keep_alive
                 finally:
                     self.busy = False
                 if not keep or self.draining or self.refused:
@@ -521,6 +520,11 @@ _LLHTTP_MESSAGES = {
     "Invalid header value char": heads.CONTROL_MESSAGE,
     "Invalid header token": "malformed request: invalid header name (RFC 9110 5.1: a token)",
 }
+
+
+def _raw(value: str) -> bytes:
+    """A field value as it came (header_map decodes with surrogateescape: exactly reversible)."""
+    return value.encode("utf-8", "surrogateescape")
 
 
 def _malformed(exc: Exception) -> str:

@@ -131,8 +131,9 @@ class UpstreamConnection(asyncio.Protocol):
             self.flow.resume_reading()
 
     async def drain(self) -> None:
-        if self.flow is not None:
-            await self.flow.drain()
+        flow = self.flow
+        if flow is not None and flow.write_paused_since is not None:  # (no coroutine else)
+            await flow.drain()
         if not self.open:
             raise ConnectionError(self.error or "the upstream closed the connection")
 

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import socket
 import ssl
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 
 from scoperouter.catalog import Catalog, Frontend
 from scoperouter.errors import Reject, status_title
@@ -174,7 +174,7 @@ class _Site:
         self.server = server
         self.listener = listener
 
-    async def handle(self, conn: ClientConnection, request: Request) -> bool:
+    def handle(self, conn: ClientConnection, request: Request) -> Awaitable[None]:
         incoming = Incoming(
             method=request.method,
             target=request.target.decode("latin-1"),
@@ -184,9 +184,7 @@ class _Site:
             tls=conn.tls,
             started=request.started,
         )
-        engine = _Answering(self.server, conn, request)
-        await self.server.pipeline.handle(incoming, engine)
-        return engine.keep and not conn.closed
+        return self.server.pipeline.handle(incoming, _Answering(self.server, conn, request))
 
     def refused(self, conn: ClientConnection, refusal: Refusal) -> None:
         self.server.pipeline.refused(refusal)
@@ -199,11 +197,11 @@ class _Answering:
         self.server = server
         self.conn = conn
         self.request = request
-        self.keep = request.keep_alive
 
     def _continue(self) -> None:
         """``Expect: 100-continue``: the body is wanted (the request is routed and admitted)."""
-        if self.request.headers.get("expect", "").lower() == "100-continue":
+        headers = self.request.headers
+        if "expect" in headers and headers["expect"].lower() == "100-continue":
             self.conn.write(wire.CONTINUE)
 
     async def send(self, plan: Plan) -> Outcome:
@@ -213,7 +211,7 @@ class _Answering:
         try:
             answer = await client.exchange(
                 pool,
-                Origin(plan.scheme, plan.host, plan.port),
+                _origin(plan.scheme, plan.host, plan.port),
                 _request_head(request, plan),
                 method=request.method,
                 body=request.body if request.has_body else None,
@@ -224,7 +222,7 @@ class _Answering:
                 informational=self._informational,
             )
         except ExchangeError as exc:
-            self.keep = self.keep and request.body.complete
+            request.keep_alive = request.keep_alive and request.body.complete
             return Outcome(
                 failed=True,
                 timed_out=_TIMED_OUT.get(exc.kind),
@@ -233,18 +231,20 @@ class _Answering:
             )
         except BodyError as exc:
             state.status, state.message = exc.status, exc.message
-            self.keep = False
+            request.keep_alive = False
             conn.write(wire.error_response(exc.status, exc.message, True, self._id(state)))
             return Outcome(status=exc.status, error=exc.message)
         self.server.pipeline.succeeded(plan.decision)
         try:
-            body = await self._regioned(plan, answer)
-            self.keep = await client.relay(
+            body = None
+            if plan.decision.catalog_region:  # a token validation another cloud answered
+                body = await self._regioned(plan, plan.decision.catalog_region, answer)
+            request.keep_alive = await client.relay(
                 answer,
                 conn,
                 method=request.method,
                 version=request.version,
-                keep=self.keep and not conn.draining,
+                keep=request.keep_alive and not conn.draining,
                 extra=self._id(state),
                 timeout=plan.response_timeout,
                 body=body,
@@ -253,19 +253,18 @@ class _Answering:
             # The upstream failed in the middle of its answer: the client's connection is cut
             # (it must not take a truncated body for a whole one).
             conn.abort()
-            self.keep = False
+            request.keep_alive = False
             return Outcome(status=answer.status, error=exc.reason)
         finally:
             client.finish(pool, answer)
         if not request.body.complete:
-            self.keep = False  # answered before the body was read: the rest is not read
-        return Outcome(status=answer.status)
+            request.keep_alive = False  # answered early: the rest of the body is not read
+        return _answered(answer.status)
 
-    async def _regioned(self, plan: Plan, answer: Answer) -> bytes | None:
-        """A token validation another cloud answered: its body with the catalog region
-        twins (small JSON answers only), else None (the answer streams as it is)."""
-        region = plan.decision.catalog_region
-        if not region or answer.status != 200 or self.request.method == "HEAD":
+    async def _regioned(self, plan: Plan, region: str, answer: Answer) -> bytes | None:
+        """The answer's body with the catalog region twins (small JSON answers only), else
+        None (the answer streams as it is)."""
+        if answer.status != 200 or self.request.method == "HEAD":
             return None
         found = wire.field_map(answer.fields)
         length = found.get(b"content-length", b"")
@@ -287,16 +286,16 @@ class _Answering:
             while (chunk := await self.request.body.get()) is not None:
                 body += chunk
                 if len(body) > limit:
-                    self.keep = False
+                    self.request.keep_alive = False
                     return Reject(413, BODY_TOO_LARGE)
         except BodyError as exc:
-            self.keep = False
+            self.request.keep_alive = False
             return Reject(exc.status, exc.message)
         return bytes(body)
 
     async def reply(self, state: RequestState, reply: fanout.Reply) -> None:
         request, conn = self.request, self.conn
-        self.keep = self.keep and not conn.draining and request.body.complete
+        request.keep_alive = request.keep_alive and not conn.draining and request.body.complete
         status = reply.status
         fields = [
             (name.encode("latin-1"), value.encode("utf-8", "surrogateescape"))
@@ -312,14 +311,15 @@ class _Answering:
         else:
             fields.append((b"Content-Length", b"%d" % len(payload)))
         fields += self._id(state)
-        if not self.keep:
+        if not request.keep_alive:
             fields.append((b"Connection", b"close"))
         conn.write(wire.render(status, status_title(status), fields, payload))
         await conn.drain()
 
     async def refuse(self, state: RequestState, reject: Reject) -> None:
-        close = not self.keep or not self.request.body.complete or self.conn.draining
-        self.keep = not close
+        request = self.request
+        close = not request.keep_alive or not request.body.complete or self.conn.draining
+        request.keep_alive = not close
         self.conn.write(wire.error_response(reject.status, reject.message, close, self._id(state)))
         await self.conn.drain()
 
@@ -328,12 +328,39 @@ class _Answering:
         return [(_REQUEST_ID_FIELD, state.request_id.encode())]
 
 
+_ORIGINS: dict[tuple[str, str, int], Origin] = {}
+
+
+def _origin(scheme: str, host: str, port: int) -> Origin:
+    """The pool's key for an upstream (one object per upstream: they recur)."""
+    key = (scheme, host, port)
+    found = _ORIGINS.get(key)
+    if found is None:
+        if len(_ORIGINS) > 1024:
+            _ORIGINS.clear()
+        found = _ORIGINS[key] = Origin(scheme, host, port)
+    return found
+
+
+_ANSWERED: dict[int, Outcome] = {}
+
+
+def _answered(status: int) -> Outcome:
+    """The outcome of an answer relayed whole (one per status: they are alike)."""
+    found = _ANSWERED.get(status)
+    if found is None:
+        found = _ANSWERED[status] = Outcome(status=status)
+    return found
+
+
 def _request_head(request: Request, plan: Plan) -> bytes:
     """The head sent upstream: the client's head fields (never its trailers), without the
     hop-by-hop ones, those its Connection names and those the plan sets, then the plan's."""
     decision = plan.decision
     edits = {**decision.set_headers, **plan.edits, REQUEST_ID_HEADER: plan.state.request_id}
-    drop = _NOT_FORWARDED | request.connection | {name.encode() for name in edits}
+    drop = _dropped(tuple(edits))
+    if request.connection:
+        drop = drop | request.connection
     lines = [f"{request.method} {plan.target} HTTP/1.1\r\n".encode("latin-1")]
     lines += [b"%s: %s\r\n" % f for f in request.fields if f[0].lower() not in drop]
     if "host" not in request.headers and "host" not in edits:
@@ -346,6 +373,19 @@ def _request_head(request: Request, plan: Plan) -> bytes:
         lines.append(b"Content-Length: %d\r\n" % request.length)
     lines.append(b"\r\n")
     return b"".join(lines)
+
+
+_DROPPED: dict[tuple[str, ...], frozenset[bytes]] = {}
+
+
+def _dropped(names: tuple[str, ...]) -> frozenset[bytes]:
+    """The fields not passed on when the plan sets `names` (memoised: a few name sets recur)."""
+    found = _DROPPED.get(names)
+    if found is None:
+        if len(_DROPPED) > 256:
+            _DROPPED.clear()
+        found = _DROPPED[names] = _NOT_FORWARDED | {name.encode() for name in names}
+    return found
 
 
 async def transmit(pool: Pool, out: Outgoing) -> Received:

@@ -68,6 +68,8 @@ class UpstreamHealth:
 
     def admit(self, decision: Forward) -> Reject | None:
         """None if a request may go to the decision's upstream now, else the fast refusal."""
+        if not self.upstreams:  # none ever failed (the common case: no URL to take apart)
+            return None
         upstream = self.upstreams.get(base_url(decision.url))
         if upstream is None or not upstream.down_until:
             return None
@@ -85,6 +87,8 @@ class UpstreamHealth:
 
     def succeeded(self, decision: Forward) -> None:
         """The upstream answered (response headers came back)."""
+        if not self.upstreams:
+            return
         upstream = self.upstreams.get(base_url(decision.url))
         if upstream is not None and (upstream.failures or upstream.down_until):
             was_down = bool(upstream.down_until)

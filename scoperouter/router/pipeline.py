@@ -27,7 +27,8 @@ carries its bytes (it imports neither an HTTP library nor mitmproxy).
 
 :meth:`Pipeline.handle` runs the order for the reverse HTTP server (frontends and the peer
 link); the forward proxy's mitmproxy adapter calls the same steps from its hooks
-(:meth:`~Pipeline.route`, :meth:`~Pipeline.prepare`, :meth:`~Pipeline.failed`,
+(:meth:`~Pipeline.route`, :meth:`~Pipeline.prepare`, :meth:`~Pipeline.swap`,
+:meth:`~Pipeline.failed`,
 :meth:`~Pipeline.combine`, :meth:`~Pipeline.done`).
 """
 
@@ -150,9 +151,11 @@ class Pipeline:
         self.metrics = metrics
         self.combiner = combiner
         self.frontends: dict[str, Frontend] = {}  # this cloud's, by base URL (the peer link)
+        self.settings = config.current().settings
         config.subscribe(self._configure)
 
     def _configure(self, catalog: Catalog) -> None:
+        self.settings = catalog.settings
         spec = catalog.clouds.get(self.config.cloud)
         self.frontends = {f.url.base: f for f in spec.frontends} if spec is not None else {}
 
@@ -181,7 +184,9 @@ class Pipeline:
                 await engine.reply(state, reply)
                 return
             if isinstance(decision, Forward):
-                planned = await self.prepare(decision, state)
+                planned = self.prepare(decision, state)
+                if isinstance(planned, Plan) and decision.swap_tokens:
+                    planned = await self.swap(planned)
                 if isinstance(planned, Reject):
                     status = await self._refuse(engine, state, planned)
                     return
@@ -215,10 +220,9 @@ class Pipeline:
         listener = request.listener
         frontend = listener.frontend
         assert frontend is not None
-        refused = wrong_scheme(self.config, frontend, request.tls)
-        if refused is not None:
-            return refused
-        if listener.peer:
+        if (frontend.url.scheme == "https") != request.tls:
+            return wrong_scheme(self.config, frontend)
+        if listener.kind == "peer":
             # The peer link: another router's hop, for the frontend it names.
             named = request.headers.get(FRONTEND_HEADER, "")
             addressed = self.frontends.get(named.lower())
@@ -245,24 +249,21 @@ class Pipeline:
             logger.exception("routing failed for %s %s", state.method, state.path)
             return Reject(500, INTERNAL_ERROR)
 
-    async def prepare(self, decision: Forward, state: RequestState) -> Plan | Reject:
-        """admit, swap tokens, refuse a loop: the plan, or the refusal (the breaker's and the
-        token swap's become the request's decision; a loop is the decision's failure)."""
+    def prepare(self, decision: Forward, state: RequestState) -> Plan | Reject:
+        """admit, refuse a loop: the plan, or the refusal (the breaker's becomes the request's
+        decision; a loop is the decision's failure). When the decision swaps tokens
+        (``Forward.swap_tokens``), :meth:`swap` is the next step."""
         state.decision = decision
         refusal = self.health.admit(decision)
         if refusal is not None:
             state.decision = refusal
             return refusal
-        edits = await self.tokens.swap(state, decision)
-        if isinstance(edits, Reject):
-            state.decision = edits
-            return edits
-        if state.authority is not None:  # the target's authority replaces the Host field
-            edits = {**edits, "host": state.authority}
         scheme, host, port, target = split_url(decision.url)
         if (host, port) in self.config.own_addresses:
             return Reject(*loop_failure(self.config, decision))
-        connect, response = self.config.current().settings.timeouts(decision.remote)
+        connect, response = self.settings.timeouts(decision.remote)
+        # An absolute-form target's authority replaces the Host field.
+        edits = {"host": state.authority} if state.authority is not None else {}
         return Plan(
             state=state,
             decision=decision,
@@ -274,6 +275,16 @@ class Pipeline:
             connect_timeout=connect,
             response_timeout=response,
         )
+
+    async def swap(self, plan: Plan) -> Plan | Reject:
+        """The plan with the decision's tokens carried to its cloud, or the refusal (which
+        becomes the request's decision)."""
+        swapped = await self.tokens.swap(plan.state, plan.decision)
+        if isinstance(swapped, Reject):
+            plan.state.decision = swapped
+            return swapped
+        plan.edits = {**swapped, **plan.edits}
+        return plan
 
     def failed(
         self, plan: Plan, timed_out: TimedOut | None, reason: str, connected: bool
@@ -349,10 +360,7 @@ def reverse_facts(
     )
 
 
-def wrong_scheme(config: RouterConfig, frontend: Frontend, tls: bool) -> Reject | None:
+def wrong_scheme(config: RouterConfig, frontend: Frontend) -> Reject:
     """The refusal of plain HTTP on an https frontend (or TLS on an http one)."""
-    https = frontend.url.scheme == "https"
-    if tls == https:
-        return None
-    expected = "HTTPS" if https else "plain HTTP"
+    expected = "HTTPS" if frontend.url.scheme == "https" else "plain HTTP"
     return Reject(400, f"{frontend.url} of {config.cloud} speaks {expected} only")

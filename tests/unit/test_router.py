@@ -95,6 +95,14 @@ def decided(p: Pipeline, request: Incoming) -> tuple[Any, RequestState]:
     return p.reverse(request, state), state
 
 
+def planned(p: Pipeline, decision: Any, state: RequestState) -> Plan | Reject:
+    """prepare, and swap when the decision asks (the order Pipeline.handle runs)."""
+    plan = p.prepare(decision, state)
+    if isinstance(plan, Plan) and decision.swap_tokens:
+        return asyncio.run(p.swap(plan))
+    return plan
+
+
 class Recorder:
     """An engine that records what the pipeline asks of it."""
 
@@ -229,7 +237,7 @@ def test_a_peer_that_times_out_is_marked_down_then_probed(config: RouterConfig) 
 
     def prepared() -> Plan | Reject:
         decision, state = decided(p, incoming(config, x_scope='{"image": "CloudTwo"}'))
-        return asyncio.run(p.prepare(decision, state))
+        return planned(p, decision, state)
 
     plan = prepared()
     assert isinstance(plan, Plan)
@@ -242,7 +250,7 @@ def test_a_peer_that_times_out_is_marked_down_then_probed(config: RouterConfig) 
     assert "router of CloudTwo" in refused.message and "10.0s more" in refused.message
     # Other clouds are not affected.
     decision, state = decided(p, incoming(config, x_scope='{"image": "CloudOne"}'))
-    assert isinstance(asyncio.run(p.prepare(decision, state)), Plan)
+    assert isinstance(planned(p, decision, state), Plan)
     # After down_for: one probe goes through, the others still fail fast; its answer heals.
     clock.now += 10.5
     probe = prepared()
@@ -254,7 +262,7 @@ def test_a_peer_that_times_out_is_marked_down_then_probed(config: RouterConfig) 
 def test_backends_are_named_without_their_address(config: RouterConfig) -> None:
     p = pipeline(config)
     decision, state = decided(p, incoming(config))
-    plan = asyncio.run(p.prepare(decision, state))
+    plan = planned(p, decision, state)
     assert isinstance(plan, Plan)
     reject = p.failed(plan, None, "[Errno 111] Connect call failed ('127.0.1.2', 9292)", False)
     assert (reject.status, reject.message) == (
@@ -287,7 +295,7 @@ def test_each_failure_has_one_wording(
 ) -> None:
     p = pipeline(config)
     decision, state = decided(p, incoming(config, x_scope=scope))
-    plan = asyncio.run(p.prepare(decision, state))
+    plan = planned(p, decision, state)
     assert isinstance(plan, Plan)
     reject = p.failed(plan, timed_out, error, connected)
     assert reject.status == status and fragment in reject.message
@@ -301,7 +309,7 @@ def test_an_address_of_the_router_itself_is_a_508_and_no_fault_of_the_upstream(
     decision, state = decided(p, incoming(config))
     assert isinstance(decision, Forward)
     decision.url = "http://127.0.0.2:9292/v2/images"  # a backend the config made the router
-    refused = asyncio.run(p.prepare(decision, state))
+    refused = planned(p, decision, state)
     assert isinstance(refused, Reject) and refused.status == 508
     assert "routing loop" in refused.message and not p.health.upstreams
 
@@ -318,7 +326,7 @@ def test_token_swap_replaces_a_local_service_token(config: RouterConfig) -> None
         p, incoming(config, x_auth_token='u!SCOPE!{"image": "CloudTwo"}', x_service_token="nova")
     )
     assert isinstance(decision, Forward) and decision.swap_tokens
-    plan = asyncio.run(p.prepare(decision, state))
+    plan = planned(p, decision, state)
     assert isinstance(plan, Plan)
     assert plan.edits["x-service-token"] == "router-token-from-router-at-cloudtwo"
 
@@ -334,7 +342,7 @@ def test_token_swap_refuses_a_user_token(config: RouterConfig) -> None:
     decision, state = decided(
         p, incoming(config, x_auth_token='u!SCOPE!{"image": "CloudTwo"}', x_service_token="user")
     )
-    refused = asyncio.run(p.prepare(decision, state))
+    refused = planned(p, decision, state)
     assert isinstance(refused, Reject) and refused.status == 403
     assert state.decision is refused  # logged as the router's refusal
 
@@ -352,7 +360,7 @@ def test_timeouts_per_destination_kind(tmp_path: Path) -> None:
     timeouts = []
     for scope in ('{"image": "CloudOne"}', '{"image": "CloudTwo"}'):
         decision, state = decided(p, incoming(config, x_scope=scope))
-        plan = asyncio.run(p.prepare(decision, state))
+        plan = planned(p, decision, state)
         assert isinstance(plan, Plan)
         timeouts.append((plan.connect_timeout, plan.response_timeout))
     assert timeouts == [(5.0, 5.0), (5.0, 50.0)]
@@ -474,7 +482,7 @@ def test_metrics_show_every_upstream_and_its_health(config: RouterConfig) -> Non
     peer["upstream"] = "http://127.0.0.3:9292"
     assert _sample("scoperouter_upstream_up", **peer) == 1
     decision, state = decided(p, incoming(config, x_scope='{"image": "CloudTwo"}'))
-    plan = asyncio.run(p.prepare(decision, state))
+    plan = planned(p, decision, state)
     assert isinstance(plan, Plan)
     p.failed(plan, "connect", "cancelled", False)
     assert _sample("scoperouter_upstream_up", **peer) == 0

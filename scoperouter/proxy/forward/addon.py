@@ -150,7 +150,9 @@ class ForwardAddon:
         if isinstance(decision, Reject):
             _answer(flow, state, decision)
             return
-        planned = await self.pipeline.prepare(decision, state)
+        planned = self.pipeline.prepare(decision, state)
+        if isinstance(planned, Plan) and decision.swap_tokens:
+            planned = await self.pipeline.swap(planned)
         if isinstance(planned, Reject):
             _answer(flow, state, planned)
             return
