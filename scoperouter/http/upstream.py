@@ -58,6 +58,10 @@ class _StopBody(Exception):
     """Raised in a parser callback: a HEAD answer has no body, whatever it says."""
 
 
+class _HeadTooLarge(Exception):
+    """Raised in a parser callback: the answer's fields are larger than HEAD_MAX."""
+
+
 class UpstreamConnection(asyncio.Protocol):
     """One connection to an upstream, one exchange at a time."""
 
@@ -92,6 +96,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._in_head = False
         self._progress = False  # the last read carried body bytes
         self._overhead = 0  # raw bytes of a head, or of a body's non-body parts, being read
+        self._field_bytes = 0  # bytes of the fields of the head (or the trailers) being read
 
     # -- asyncio.Protocol
 
@@ -146,7 +151,12 @@ class UpstreamConnection(asyncio.Protocol):
             if isinstance(exc.__context__, _StopBody):
                 self.parser = httptools.HttpResponseParser(self)  # the next answer's
                 return
-            self.fail(f"invalid answer: {exc.__context__ or exc}")
+            reason = exc.__context__
+            self.fail(
+                HEAD_TOO_LARGE
+                if isinstance(reason, _HeadTooLarge)
+                else f"invalid answer: {reason or exc}"
+            )
             return
         except httptools.HttpParserError as exc:
             self.fail(f"invalid answer: {exc}")
@@ -187,22 +197,22 @@ class UpstreamConnection(asyncio.Protocol):
 
     # -- llhttp callbacks
 
-    def on_message_begin(self) -> None:
-        self._in_head = True
-        self._overhead = 0
-
     def on_status(self, reason: bytes) -> None:
         self._reason += reason
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        # A head's fields (a trailer field's too, then dropped) are bounded whole, however
+        # many reads brought them.
+        self._field_bytes += len(name) + len(value) + 4
+        if self._field_bytes > HEAD_MAX:
+            raise _HeadTooLarge()
         if self._in_head:
             self._fields.append((name, value))
-        # else a trailer field: dropped (its bytes are bounded in data_received)
 
     def on_headers_complete(self) -> None:
-        self._in_head = False
-        self._overhead = 0
         status = self.parser.get_status_code()
+        self._in_head = status < 200  # an informational answer: the final head follows
+        self._overhead = self._field_bytes = 0
         self.heads.append((status, self._reason, self._fields))
         self._reason, self._fields = b"", []
         if status >= 200:
@@ -278,6 +288,8 @@ class UpstreamConnection(asyncio.Protocol):
         self.deadline = None
         self.progress_timeout = None
         self.timed_out = False
+        self._in_head = True  # the answer's head is what comes first (no callback for it)
+        self._overhead = self._field_bytes = 0
 
     async def wait(self) -> None:
         """Until something happens (a head, the end, an error)."""

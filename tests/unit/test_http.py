@@ -358,3 +358,24 @@ def test_a_post_on_such_a_connection_is_not_replayed(tmp_path: Path) -> None:
         assert [s.path for s in r.seen] == ["/1", "/2"]
 
     run(tmp_path, answer, scenario)
+
+
+def test_an_upstream_head_or_trailers_beyond_the_bound_fail_the_exchange(tmp_path: Path) -> None:
+    """What an upstream sends is bounded as a client's is (a peer router may be hostile too)."""
+    big = b"X-Big: " + b"v" * 300_000 + b"\r\n"
+
+    def answer(seen: Seen) -> bytes:
+        if seen.path == "/head":
+            return b"HTTP/1.1 200 OK\r\n" + big + b"Content-Length: 0\r\n\r\n"
+        return (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n" + big + b"\r\n"
+        )
+
+    async def scenario(r: Rig) -> None:
+        got = await r.exchange(b"GET /trailers HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        # The answer had begun (its head and a byte relayed): the client's connection is cut.
+        assert statuses(got) == [200] and b"X-Big" not in got and not got.endswith(b"0\r\n\r\n")
+        got = await r.exchange(b"GET /head HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert statuses(got) == [502] and "head or trailers are larger" in error_message(got)
+
+    run(tmp_path, answer, scenario)
