@@ -220,7 +220,7 @@ async def relay(
     take a truncated body for a whole one); :class:`ClientGone`."""
     conn = answer.conn
     status = answer.status
-    no_body = wire.bodiless(method, status)
+    no_body = method == "HEAD" or status in (204, 304) or status < 200  # wire.bodiless
     # One pass over the answer's fields: the hop-by-hop ones are read, the others kept.
     length: bytes | None = None
     coding = connection = b""

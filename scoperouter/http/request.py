@@ -51,20 +51,16 @@ class Body:
     """A request body on its way from the client: chunks queued, reading paused while more
     than :data:`HIGH_WATER` bytes wait (resumed as they are taken)."""
 
-    __slots__ = ("_waiter", "chunks", "conn", "done", "error", "size")
+    __slots__ = ("_waiter", "chunks", "complete", "conn", "done", "error", "size")
 
     def __init__(self, conn: Reader) -> None:
         self.conn = conn
         self.chunks: collections.deque[bytes] = collections.deque()
         self.size = 0
         self.done = False
+        self.complete = False  # the whole body came, well-formed: the connection may go on
         self.error: BodyError | None = None
         self._waiter: asyncio.Future[None] | None = None
-
-    @property
-    def complete(self) -> bool:
-        """The whole body came, well-formed (its connection may carry another request)."""
-        return self.done and self.error is None
 
     def put(self, data: bytes) -> None:
         self.chunks.append(data)
@@ -76,6 +72,7 @@ class Body:
     def finish(self, error: BodyError | None = None) -> None:
         if not self.done:
             self.done, self.error = True, error
+            self.complete = error is None
         self.wake()
 
     def wake(self) -> None:
@@ -117,6 +114,4 @@ class Request:
     body: Body
     started: float  # time.monotonic() of the head's first byte
 
-    @property
-    def has_body(self) -> bool:
-        return self.chunked or bool(self.length)
+    has_body: bool  # chunked, or a Content-Length above 0

@@ -312,6 +312,7 @@ class ClientConnection(asyncio.Protocol):
                 raise _Refused(400, heads.BAD_CONNECTION_MESSAGE)
             connection = tokens
         length = headers.get("content-length")
+        content_length = int(length) if length is not None and length.isdigit() else None
         request = Request(
             method=method.decode("ascii"),
             target=target,
@@ -322,7 +323,8 @@ class ClientConnection(asyncio.Protocol):
             connection=connection,
             keep_alive=parser.should_keep_alive(),
             chunked=coding is not None,
-            length=int(length) if length is not None and length.isdigit() else None,
+            length=content_length,
+            has_body=coding is not None or bool(content_length),
             body=Body(self),
             started=self.head_started or time.monotonic(),
         )
@@ -399,10 +401,15 @@ class ClientConnection(asyncio.Protocol):
             self.flow.pause_reading()
 
     def resume_reading(self) -> None:
-        if self.flow is not None and not self.refused and len(self.queue) < PIPELINE_MAX:
-            if self.flow.read_paused:
-                self.last_read = time.monotonic()  # a body's silence counts from now
-            self.flow.resume_reading()
+        flow = self.flow
+        if (
+            flow is not None
+            and flow.read_paused
+            and not self.refused
+            and len(self.queue) < PIPELINE_MAX
+        ):
+            self.last_read = time.monotonic()  # a body's silence counts from now
+            flow.resume_reading()
 
     async def drain(self) -> None:
         flow = self.flow

@@ -132,8 +132,9 @@ class UpstreamConnection(asyncio.Protocol):
             self.flow.pause_reading()
 
     def resume_reading(self) -> None:
-        if self.flow is not None:
-            self.flow.resume_reading()
+        flow = self.flow
+        if flow is not None and flow.read_paused:
+            flow.resume_reading()
 
     async def drain(self) -> None:
         flow = self.flow

@@ -207,7 +207,8 @@ class _Answering:
     async def send(self, plan: Plan) -> Outcome:
         request, conn, pool = self.request, self.conn, self.server.pool
         state = plan.state
-        self._continue()
+        if "expect" in request.headers:
+            self._continue()
         try:
             answer = await client.exchange(
                 pool,
@@ -245,7 +246,7 @@ class _Answering:
                 method=request.method,
                 version=request.version,
                 keep=request.keep_alive and not conn.draining,
-                extra=self._id(state),
+                extra=[(_REQUEST_ID_FIELD, state.request_id.encode())],
                 timeout=plan.response_timeout,
                 body=body,
             )
