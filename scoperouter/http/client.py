@@ -38,6 +38,8 @@ from scoperouter.http.wire import Fields
 from scoperouter.semantics import IDEMPOTENT
 
 Kind = Literal["connect_timeout", "unreachable", "timeout", "broken"]
+# Connection's own options, and names already dropped as hop-by-hop: nothing more to drop.
+_OPTIONS = wire.HOP_BY_HOP | {b"close"}
 
 
 class ExchangeError(Exception):
@@ -238,7 +240,9 @@ async def relay(
             connection += b"," + field[1]
     chunked = b"chunked" in coding.lower()
     if connection and (tokens := heads.connection_tokens(connection)):
-        out = [f for f in out if f[0].lower() not in tokens]  # the fields Connection names
+        named = tokens - _OPTIONS  # the fields Connection names (not its own options)
+        if named:
+            out = [f for f in out if f[0].lower() not in named]
     out += extra
     if answer.sending is not None and not answer.sending.done():
         keep = False  # answered before the body was complete: the rest is not read

@@ -153,6 +153,9 @@ def valid_host(value: bytes) -> bool:
 def connection_tokens(value: bytes) -> frozenset[bytes] | None:
     """The options a Connection field value names (lower-case), None when one is not a token:
     compared as bytes, never decoded (RFC 9110 5.5: field values are opaque octets)."""
+    common = _COMMON_OPTIONS.get(value)
+    if common is not None:
+        return common
     found = set()
     for item in value.split(b","):
         item = item.strip(b" \t")
@@ -162,6 +165,12 @@ def connection_tokens(value: bytes) -> frozenset[bytes] | None:
             return None
         found.add(item.lower())
     return frozenset(found)
+
+
+_COMMON_OPTIONS = {
+    value: frozenset({value.strip(b", ").lower()})
+    for value in (b"keep-alive", b"Keep-Alive", b"close", b"Close", b",keep-alive", b",close")
+}
 
 
 def split_request_line(line: bytes | bytearray) -> tuple[str, str]:

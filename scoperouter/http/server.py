@@ -294,7 +294,7 @@ class ClientConnection(asyncio.Protocol):
         if host is None:
             if version != "1.0":
                 raise _Refused(400, heads.NO_HOST_MESSAGE)
-        elif not heads.valid_host(_raw(host)):
+        elif not _valid_host(host):
             # Repeated fields are joined with ", ", which no valid Host contains.
             if sum(1 for name, _ in self._fields if name.lower() == b"host") > 1:
                 raise _Refused(400, heads.MANY_HOSTS_MESSAGE)
@@ -527,6 +527,20 @@ _LLHTTP_MESSAGES = {
     "Invalid header value char": heads.CONTROL_MESSAGE,
     "Invalid header token": "malformed request: invalid header name (RFC 9110 5.1: a token)",
 }
+
+
+_HOSTS: dict[str, bool] = {}
+
+
+def _valid_host(host: str) -> bool:
+    """heads.valid_host, memoised (a frontend's clients send a few Host values, again and
+    again; bounded: cleared when full)."""
+    valid = _HOSTS.get(host)
+    if valid is None:
+        if len(_HOSTS) >= 1024:
+            _HOSTS.clear()
+        valid = _HOSTS[host] = heads.valid_host(_raw(host))
+    return valid
 
 
 def _raw(value: str) -> bytes:

@@ -58,10 +58,6 @@ class _StopBody(Exception):
     """Raised in a parser callback: a HEAD answer has no body, whatever it says."""
 
 
-class _HeadTooLarge(Exception):
-    """Raised in a parser callback: the answer's fields are larger than HEAD_MAX."""
-
-
 class UpstreamConnection(asyncio.Protocol):
     """One connection to an upstream, one exchange at a time."""
 
@@ -96,7 +92,6 @@ class UpstreamConnection(asyncio.Protocol):
         self._in_head = False
         self._progress = False  # the last read carried body bytes
         self._overhead = 0  # raw bytes of a head, or of a body's non-body parts, being read
-        self._field_bytes = 0  # bytes of the fields of the head (or the trailers) being read
 
     # -- asyncio.Protocol
 
@@ -152,21 +147,18 @@ class UpstreamConnection(asyncio.Protocol):
             if isinstance(exc.__context__, _StopBody):
                 self.parser = httptools.HttpResponseParser(self)  # the next answer's
                 return
-            reason = exc.__context__
-            self.fail(
-                HEAD_TOO_LARGE
-                if isinstance(reason, _HeadTooLarge)
-                else f"invalid answer: {reason or exc}"
-            )
+            self.fail(f"invalid answer: {exc.__context__ or exc}")
             return
         except httptools.HttpParserError as exc:
             self.fail(f"invalid answer: {exc}")
             return
         if self._in_head or (self.status >= 200 and not self.complete and not self._progress):
             # A head still incomplete, or bytes of a body that carried none of it (chunk
-            # headers, trailer fields): bounded, so their cost stays linear.
+            # headers, trailer fields): bounded (HEAD_MAX reached with the head still
+            # incomplete fails; one that ends in the read past it may be up to a read larger),
+            # so their cost stays linear.
             self._overhead += len(data)
-            if self._overhead > HEAD_MAX:
+            if self._overhead >= HEAD_MAX:
                 self.fail(HEAD_TOO_LARGE)
 
     def write(self, data: bytes) -> None:
@@ -202,18 +194,14 @@ class UpstreamConnection(asyncio.Protocol):
         self._reason += reason
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        # A head's fields (a trailer field's too, then dropped) are bounded whole, however
-        # many reads brought them.
-        self._field_bytes += len(name) + len(value) + 4
-        if self._field_bytes > HEAD_MAX:
-            raise _HeadTooLarge()
         if self._in_head:
             self._fields.append((name, value))
+        # else a trailer field: dropped (its bytes are bounded in data_received)
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
         self._in_head = status < 200  # an informational answer: the final head follows
-        self._overhead = self._field_bytes = 0
+        self._overhead = 0
         self.heads.append((status, self._reason, self._fields))
         self._reason, self._fields = b"", []
         if status >= 200:
@@ -290,7 +278,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.progress_timeout = None
         self.timed_out = False
         self._in_head = True  # the answer's head is what comes first (no callback for it)
-        self._overhead = self._field_bytes = 0
+        self._overhead = 0
 
     async def wait(self) -> None:
         """Until something happens (a head, the end, an error)."""
