@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -29,9 +30,11 @@ from scoperouter_lab.infra import (
 )
 from scoperouter_lab.layout import (
     DATABASES,
+    DEFAULT_SERVICES,
     MAX_CLOUDS,
     PEER_PORT,
     PROXY_PORT,
+    SELECTABLE,
     SERVICE_PORTS,
     STAND_INS,
     CloudSpec,
@@ -123,8 +126,12 @@ class Lab:
         self.n_clouds = n_clouds or self.state.get("clouds") or 2
         if not 1 <= self.n_clouds <= MAX_CLOUDS:
             raise LabError(f"--clouds must be between 1 and {MAX_CLOUDS}")
-        self.services = services or tuple(
-            self.state.get("services") or ("keystone", "glance", "placement", "nova")
+        # A state written by another version of the lab may name services this one does not
+        # run: they are left out (their processes, if any, are stopped as unwanted).
+        self.services = (
+            services
+            or tuple(s for s in self.state.get("services") or DEFAULT_SERVICES if s in SELECTABLE)
+            or DEFAULT_SERVICES
         )
         self.router_mode = router
         # settings.data_path of the routers (None: what the lab had, else the router's default)
@@ -156,9 +163,12 @@ class Lab:
         for key in ("db", "rabbit"):
             shared.setdefault(key, secrets.token_urlsafe(12))
         own = self.state.setdefault("cloud_secrets", {}).setdefault(cloud.slug, {})
-        for key in ("admin", "demo", "service", "router", "alt_demo"):
+        keys = [f.name for f in dataclasses.fields(Secrets) if f.name not in shared]
+        for key in keys:
             own.setdefault(key, secrets.token_urlsafe(12))
-        return Secrets(db=shared["db"], rabbit=shared["rabbit"], **own)
+        # only the keys this version knows (a state written by another version may hold more:
+        # they stay in the state for it)
+        return Secrets(db=shared["db"], rabbit=shared["rabbit"], **{k: own[k] for k in keys})
 
     def secrets_by_cloud(self) -> dict[CloudSpec, Secrets]:
         return {c: self.secrets(c) for c in self.clouds}

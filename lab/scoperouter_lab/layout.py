@@ -51,6 +51,7 @@ EPMD_PORT = 4369
 
 # What the user selects with --services, and what each selection needs.
 SELECTABLE = ("keystone", "glance", "placement", "nova")
+DEFAULT_SERVICES = SELECTABLE  # what `lab up` runs when neither --services nor a state says
 REQUIRES = {
     "keystone": (),
     "glance": ("keystone",),

@@ -3,6 +3,7 @@ loader), the network stand-in, the process table. Fast, no OpenStack: part of th
 
 from __future__ import annotations
 
+import io
 import json
 import signal
 import subprocess
@@ -419,3 +420,23 @@ def test_dropin_environment_reads_systemd_environment_lines(tmp_path: Path):
     }
     (d / "zz-reset.conf").write_text("[Service]\nEnvironment=\n")
     assert dropin_environment(d) == {}
+
+
+def test_a_state_from_another_version_of_the_lab_is_read(tmp_path: Path):
+    """A lab directory left by another version of the lab (a service this one does not run, a
+    secret it does not know) is read, not refused: CI's `lab up` met one (a TypeError)."""
+    from scoperouter_lab.lab import Lab
+
+    state = {
+        "clouds": 2,
+        "services": ["keystone", "glance", "no-such-service"],
+        "secrets": {"db": "p", "rabbit": "r"},
+        "cloud_secrets": {"cloudone": {"admin": "a", "no_such_secret": "z"}},
+    }
+    (tmp_path / "lab.json").write_text(json.dumps(state))
+    lab = Lab(tmp_path, out=io.StringIO())
+    assert lab.services == ("keystone", "glance")
+    sec = lab.secrets()
+    assert (sec.admin, sec.db, sec.rabbit) == ("a", "p", "r")
+    assert sec.demo and sec.router and sec.alt_demo  # made for what the state lacked
+    assert lab.state["cloud_secrets"]["cloudone"]["no_such_secret"] == "z"  # kept for its owner
