@@ -25,6 +25,7 @@ import argparse
 import atexit
 import contextlib
 import json
+import os
 import resource
 import signal
 import statistics
@@ -89,11 +90,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def raise_fd_limit(connections: int) -> tuple[int, int]:
-    """Raise this process's soft limit on open files (its children inherit it: wrk, nginx,
-    the routers) to what `connections` clients need at every hop, within the hard limit.
-    Returns (soft, hard) after."""
-    need = 8 * connections + 1024
+    """Raise this process's limit on open files (its children inherit it: wrk, nginx, the
+    routers, haproxy) to what `connections` clients need at every hop and HAProxy's maxconn
+    asks for: the soft limit within the hard one, and the hard one too as root. Returns
+    (soft, hard) after."""
+    need = max(8 * connections + 1024, 2 * haproxy.maxconn_for(connections) + 1024)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < need and os.geteuid() == 0:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, need))
+            hard = need
     if soft != resource.RLIM_INFINITY and soft < need:
         target = need if hard == resource.RLIM_INFINITY else min(need, hard)
         with contextlib.suppress(ValueError, OSError):
@@ -446,8 +452,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
     soft, hard = raise_fd_limit(max(args.conns))
-    if soft < 4 * max(args.conns):
-        say(f"warning: open files limited to {soft} (hard {hard}): wrk or a proxy may fail")
+    if soft < 2 * haproxy.maxconn_for(max(args.conns)) + 1024:
+        say(
+            f"warning: open files limited to {soft} (hard {hard}): haproxy (maxconn "
+            f"{haproxy.maxconn_for(max(args.conns))}), wrk or the router may fail; raise "
+            "`ulimit -n` or run as root"
+        )
     say("measuring what else the machine is doing (1 s)")
     context = machine_context()
     bench = make_bench(args)
