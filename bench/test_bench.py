@@ -9,7 +9,9 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import subprocess
 import sys
+import textwrap
 import threading
 from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,6 +22,7 @@ import psutil
 import pytest
 
 from bench import backend, decision, federation, floor, haproxy, load, peers, transfer
+from bench.machine import ROOT
 from bench.procs import Processes, free_port, rss_mb, wait_listening
 from scoperouter.config import build_catalog, load_catalog
 from scoperouter.routing import Forward, RequestFacts, decide
@@ -440,3 +443,30 @@ def test_peers_report_is_markdown_with_targets() -> None:
         "- scoperouter RSS: 200 (workers 65 / 65) MB before the run" in text
         and "(+30.0 MB)" in text
     )
+
+
+def test_bench_wan_makes_its_certificates_without_the_lab(tmp_path: Path) -> None:
+    """bench.wan needs the bench extra, not the lab package (it failed with
+    ModuleNotFoundError: scoperouter_lab): its certificates come from scoperouter.pki."""
+    code = textwrap.dedent(
+        f"""
+        import importlib.abc, sys
+        from pathlib import Path
+
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "scoperouter_lab":
+                    raise ModuleNotFoundError(f"No module named {{name!r}} (blocked)", name=name)
+                return None
+
+        sys.meta_path.insert(0, Block())
+        import bench.wan
+        from tests.integration.certs import federation_ca
+        ca, certs = federation_ca(Path({str(tmp_path)!r}), {{"CloudOne": "127.0.0.2"}})
+        print(ca.exists() and certs["CloudOne"].exists())
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.strip() == "True", done.stderr[-3000:]
