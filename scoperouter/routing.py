@@ -550,6 +550,35 @@ _NO_SWAPS: frozenset[str] = frozenset()
 _SWAP_SERVICE = frozenset({SERVICE_TOKEN})
 
 
+CONNECT_REFUSED = (
+    "CONNECT tunnels are not supported by the forward proxy of {cloud} (it has no proxy.ca to "
+    "intercept TLS with): send plain http:// requests through it, or call the https frontend "
+    "directly"
+)
+
+
+def tunnel(host: str, port: int, catalog: Catalog, local_cloud: str) -> Reject | None:
+    """A ``CONNECT host:port`` on the forward proxy (a service's ``HTTPS_PROXY``): None when it
+    is intercepted (its TLS terminated with a certificate for `host` signed by the cloud's
+    ``proxy.ca``, each request inside routed like a plain one), else the 403.
+
+    Intercepted: the destinations the forward proxy routes in plain HTTP, every host:port
+    where the catalog publishes an endpoint URL (a router's frontend: what keystone
+    advertises) or a backend (a service reached directly: kolla's internal endpoints, an
+    ``auth_url`` in a service's config). Anything else stays a 403: the proxy is no open
+    proxy, and never makes a certificate for a host outside the catalog."""
+    cloud = catalog.clouds.get(local_cloud)
+    if cloud is None or cloud.proxy_ca is None:
+        return Reject(403, CONNECT_REFUSED.format(cloud=local_cloud))
+    if not catalog.published(host, port):
+        return Reject(
+            403,
+            f"CONNECT {host[:200]}:{port}: not a destination of the federation catalog; the "
+            f"forward proxy of {local_cloud} only opens tunnels to catalog destinations",
+        )
+    return None
+
+
 def _no_service(facts: RequestFacts, local_cloud: str) -> Reject:
     path = facts.path.partition("?")[0]
     if facts.mode == "forward":

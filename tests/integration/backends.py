@@ -1,9 +1,10 @@
 """Small HTTP servers that stand in for OpenStack services in the integration tests and benches.
 
-* :class:`EchoBackend` answers every request with a JSON description of what it received
-  (backend name, method, path, headers, body length and sha256), reading request bodies as a
-  stream so a 100 MB upload costs no memory. ``GET <prefix>/blob/<n>`` answers ``n``
-  deterministic bytes (:func:`blob_sha256` gives their hash), written as a stream;
+* :class:`EchoBackend` answers every request (HTTP, or HTTPS with a certificate) with a JSON
+  description of what it received (backend name, method, path, headers, body length and
+  sha256), reading request bodies as a stream so a 100 MB upload costs no memory.
+  ``GET <prefix>/blob/<n>`` answers ``n`` deterministic bytes (:func:`blob_sha256` gives
+  their hash), written as a stream;
   ``<prefix>/sleep/<seconds>`` answers after that long (at most 30 s).
 * :class:`SilentServer` accepts connections and never answers (a hung upstream: 504).
 * :class:`RawServer` answers every connection with fixed bytes (an invalid upstream: 502).
@@ -27,6 +28,7 @@ import ipaddress
 import json
 import signal
 import socket
+import ssl
 import threading
 import time
 from collections import deque
@@ -161,19 +163,31 @@ class _EchoServer(http.server.ThreadingHTTPServer):
 
 
 class EchoBackend:
-    """A threaded HTTP/1.1 echo service on a loopback address (port 0: any free port)."""
+    """A threaded HTTP/1.1 echo service on a loopback address (port 0: any free port); HTTPS
+    with `tls` (a server context: its certificate and key)."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, name: str = "backend") -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        name: str = "backend",
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         _check_loopback(host)
         self._server = _EchoServer((host, port), name)
+        if tls is not None:  # each connection's handshake in its own thread, on first read
+            self._server.socket = tls.wrap_socket(
+                self._server.socket, server_side=True, do_handshake_on_connect=False
+            )
         self._thread: threading.Thread | None = None
         self.host = host
         self.port: int = self._server.server_address[1]
         self.name = name
+        self.scheme = "http" if tls is None else "https"
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
     @property
     def seen(self) -> deque[dict[str, Any]]:
