@@ -38,7 +38,7 @@ from typing import Literal, overload
 
 from scoperouter.catalog import Catalog, Endpoint, Match
 from scoperouter.errors import Reject
-from scoperouter.merge import ListPlan, plan_list
+from scoperouter.merge import ListPlan, ResourcePlan, plan_read
 from scoperouter.scope import (
     FOLLOWS,
     SCOPE_SEPARATOR,
@@ -331,8 +331,9 @@ def _forward_to(
 
 @dataclass(frozen=True, slots=True)
 class FanOut:
-    """``A & B`` on a read of a list: every part is asked at once (its request's query from
-    ``plan.query_for(label)``), and ``merge.merge_list(plan, ...)`` makes the answer.
+    """``A & B`` on a read: every part is asked at once (its request's query from
+    ``plan.query_for(label)``), and ``merge.merge_list(plan, ...)`` makes the answer of a list,
+    ``merge.find_one(plan, ...)`` the answer of one resource.
 
     A part is one cloud (a Forward) or ``A | B`` inside the merge (a Failover); a part's label
     in the plan (and in the merged marker) is its expression text."""
@@ -340,7 +341,7 @@ class FanOut:
     service_type: str
     expression: str
     parts: tuple[tuple[str, Forward | Failover], ...]  # (label, how to reach it), in order
-    plan: ListPlan
+    plan: ListPlan | ResourcePlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,7 +376,7 @@ def _combined(
     text = format_expression(expr)
     if isinstance(expr, AllOf):
         labels = tuple(format_expression(part) for part in expr.parts)
-        plan = plan_list(service_type, facts.method, facts.path, labels, facts.headers)
+        plan = plan_read(service_type, facts.method, facts.path, labels, facts.headers)
         if isinstance(plan, Reject):
             return plan
         parts: list[tuple[str, Forward | Failover]] = []

@@ -297,6 +297,13 @@ class _ListHandler(http.server.BaseHTTPRequestHandler):
             (self.command, self.path, {k.lower(): v for k, v in self.headers.items()})
         )
         ids = self.server.ids
+        one = url.path.rstrip("/").removeprefix("/v2/images/")
+        if one != url.path.rstrip("/"):  # GET /v2/images/<id>: glance's image, or 404
+            if one in ids or one in self.server.extra:
+                self._send(200, {"id": one, "name": f"image {one}", "owner": self.server.name})
+            else:
+                self._send(404, {"code": 404, "title": "Not Found", "message": f"No image {one}"})
+            return
         start = ids.index(query["marker"]) + 1 if "marker" in query else 0
         size = min(int(query.get("limit", self.server.cap)), self.server.cap)
         page = ids[start : start + size]
@@ -326,14 +333,17 @@ class _ListHandler(http.server.BaseHTTPRequestHandler):
 
 class ListServer(http.server.ThreadingHTTPServer):
     """A glance-like image list (``GET /v2/images`` with ``limit``/``marker`` paging, at most
-    `cap` a page, a ``next`` link) of `ids`; ``POST``/``DELETE`` answer 201 naming it. What it
-    received is in ``seen``."""
+    `cap` a page, a ``next`` link) of `ids`, each image also by id (``GET /v2/images/<id>``,
+    404 for another id; `extra` ids are found by id but not listed); ``POST``/``DELETE``
+    answer 201 naming it. What it received is in ``seen``."""
 
     daemon_threads = True
 
-    def __init__(self, host: str, name: str, ids: list[str], cap: int) -> None:
+    def __init__(
+        self, host: str, name: str, ids: list[str], cap: int, extra: tuple[str, ...] = ()
+    ) -> None:
         super().__init__((host, 0), _ListHandler)
-        self.host, self.name, self.ids, self.cap = host, name, ids, cap
+        self.host, self.name, self.ids, self.cap, self.extra = host, name, ids, cap, extra
         self.seen: list[tuple[str, str, dict[str, str]]] = []
 
     @property
