@@ -150,7 +150,7 @@ class Cloud:
     proxy_ca_key: str | None = None
     """The key of proxy.ca (a PEM file, mode 0600, readable by the router's user only: the
     router refuses to start otherwise); required with proxy.ca. Read by this cloud's router
-    only, never written or logged."""
+    only (the other routers' hosts need neither file), never written or logged."""
     metrics_listen: tuple[str, int] | None = None
     """Where ``/metrics`` (Prometheus) and ``/healthz`` are served (HOST:PORT)."""
     credentials: Mapping[str, str] = field(default_factory=dict)

@@ -376,7 +376,8 @@ class _Loader:
 
     def proxy_ca(self, data: Any, where: str) -> tuple[str | None, str | None]:
         """The forward proxy's CA for TLS interception (``proxy: {ca, ca_key}``): both files,
-        or neither. The key's mode is checked by the router that reads it (its own cloud's)."""
+        or neither. Only the cloud's own router reads them (and checks them: they exist, the
+        key's mode), so other routers' hosts need not have them."""
         if data is None:
             return None, None
         doc = self._mapping(data, where, required=_LISTEN_KEYS, allowed=_PROXY_KEYS)
@@ -385,7 +386,7 @@ class _Loader:
             raise ConfigError(f"{where}.{missing}", f"required with {given} (TLS interception)")
         if "ca" not in doc:
             return None, None
-        return self._file(doc["ca"], f"{where}.ca"), self._file(doc["ca_key"], f"{where}.ca_key")
+        return self._path(doc["ca"], f"{where}.ca"), self._path(doc["ca_key"], f"{where}.ca_key")
 
     def _mapping(
         self,
@@ -422,12 +423,16 @@ class _Loader:
             raise ConfigError(where, str(exc)) from None
 
     def _file(self, value: Any, where: str) -> str:
-        if not isinstance(value, str) or not value:
-            raise ConfigError(where, "expected a file path")
-        path = Path(value) if Path(value).is_absolute() else self.base_dir / value
+        path = Path(self._path(value, where))
         if not path.is_file():
             raise ConfigError(where, f"no such file: {path}")
         return str(path)
+
+    def _path(self, value: Any, where: str) -> str:
+        """A file's path (relative: to the config file), whether or not it is there."""
+        if not isinstance(value, str) or not value:
+            raise ConfigError(where, "expected a file path")
+        return str(Path(value) if Path(value).is_absolute() else self.base_dir / value)
 
 
 def _check_peer_links(clouds: Mapping[str, Cloud], settings: Settings) -> None:

@@ -209,9 +209,9 @@ def _error(mutate: Any) -> ConfigError:
             "required with ca_key",
         ),
         (
-            lambda d: d["clouds"]["CloudOne"]["proxy"].update(ca="no.crt", ca_key="no.key"),
+            lambda d: d["clouds"]["CloudOne"]["proxy"].update(ca="", ca_key="k"),
             "f.yaml: clouds.CloudOne.proxy.ca",
-            "no such file",
+            "expected a file path",
         ),
         (
             lambda d: d["clouds"]["CloudOne"].update(metrics={"listen": "x:1", "ca": "c"}),
@@ -422,6 +422,10 @@ def test_the_forward_proxys_ca_and_where_the_catalog_publishes(catalog: Catalog)
     one = loaded.clouds["CloudOne"]
     assert (one.proxy_ca, one.proxy_ca_key) == (str(SAMPLE), str(SAMPLE))
     assert catalog.clouds["CloudOne"].proxy_ca is None
+    # Another router's host need not have them: only CloudOne's router reads them.
+    data["clouds"]["CloudOne"]["proxy"].update(ca="proxy-ca.crt", ca_key="/nowhere/ca.key")
+    one = build_catalog(data, source="f.yaml", base_dir=Path("/etc/r")).clouds["CloudOne"]
+    assert (one.proxy_ca, one.proxy_ca_key) == ("/etc/r/proxy-ca.crt", "/nowhere/ca.key")
     # endpoint URLs (the routers' frontends) and backends, of every cloud; nothing else
     assert catalog.published("127.0.0.2", 9292) and catalog.published("127.0.1.3", 9292)
     assert catalog.published("127.0.0.2".upper(), 5000)

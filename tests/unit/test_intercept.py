@@ -115,6 +115,9 @@ def test_the_ca_is_read_as_the_router_reads_it(ca_files: tuple[Path, Path]) -> N
         signing_ca(catalog, "CloudOne", "f.yaml")
     assert info.value.location == "f.yaml: clouds.CloudOne.proxy.ca_key"
     assert "mode 0644" in info.value.message and "chmod 600" in info.value.message
+    ca_files[1].unlink()  # not on this router's host: the loader let it be, the router does not
+    with pytest.raises(ConfigError, match=r"cannot read .*proxy-ca\.key: No such file"):
+        signing_ca(catalog, "CloudOne", "f.yaml")
 
 
 def test_connect_to_a_catalog_destination_is_let_through_to_interception(
