@@ -285,13 +285,11 @@ def plan_read(
         return plan_list(service_type, method, path, clouds, headers)
     resource = resource_of(service_type, method, path)
     if resource is None:
-        what = f"{method} {path.partition('?')[0]}"
-        return Reject(
-            400,
-            f"{' & '.join(clouds)} for {service_type!r}: '&' only reads, a list (GET of a "
-            f"collection, merged) or one resource (GET by id, found in the cloud that has "
-            f"it), not {what}; name one cloud for it (or use '|')",
+        reads = (
+            "only reads, a list (GET of a collection, merged) or one resource (GET by id, "
+            "found in the cloud that has it)"
         )
+        return _not_a_read(service_type, method, path, clouds, reads)
     partial = headers.get(PARTIAL_HEADER, "").strip().lower() == "allow"
     return ResourcePlan(service_type, resource, path, tuple(clouds), partial)
 
@@ -305,15 +303,10 @@ def plan_list(
 ) -> ListPlan | Reject:
     """Plan one page of a merged list (`path` with its query, as the client sent it), or the
     400 for a request that is not a read of a list. `headers` have lower-case names."""
-    expression = " & ".join(clouds)
     collection = collection_of(service_type, method, path)
     if collection is None:
-        what = f"{method} {path.partition('?')[0]}"
-        return Reject(
-            400,
-            f"{expression} for {service_type!r}: '&' only merges reads of a list (GET of a "
-            f"collection), not {what}; name one cloud for it (or use '|')",
-        )
+        reads = "only merges reads of a list (GET of a collection)"
+        return _not_a_read(service_type, method, path, clouds, reads)
     base, _, query_text = path.partition("?")
     query: list[tuple[str, str]] = []
     limit: int | None = None
@@ -337,6 +330,17 @@ def plan_list(
     partial = headers.get(PARTIAL_HEADER, "").strip().lower() == "allow"
     return ListPlan(
         service_type, collection, base, tuple(query), tuple(clouds), limit, states, partial
+    )
+
+
+def _not_a_read(
+    service_type: str, method: str, path: str, clouds: Sequence[str], reads: str
+) -> Reject:
+    what = f"{method} {path.partition('?')[0]}"
+    return Reject(
+        400,
+        f"{' & '.join(clouds)} for {service_type!r}: '&' {reads}, not {what}; name one cloud "
+        "for it (or use '|')",
     )
 
 
