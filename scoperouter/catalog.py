@@ -141,6 +141,16 @@ class Cloud:
     """The cloud's keystone catalog rows, each with the real service behind it."""
     proxy_listen: tuple[str, int] | None = None
     """Where the forward proxy listens (HOST:PORT): the ``HTTP_PROXY`` of the cloud's services."""
+    proxy_ca: str | None = None
+    """The CA (a PEM file) the forward proxy signs its certificates with when it intercepts
+    TLS: a ``CONNECT`` to a destination of the catalog (``HTTPS_PROXY`` of the cloud's
+    services) is answered with a certificate for that host, made on the fly; the cloud's
+    services trust this CA. One CA per cloud, not the peer links' (docs: TLS clouds). Without
+    it, ``CONNECT`` is refused (403)."""
+    proxy_ca_key: str | None = None
+    """The key of proxy.ca (a PEM file, mode 0600, readable by the router's user only: the
+    router refuses to start otherwise); required with proxy.ca. Read by this cloud's router
+    only (the other routers' hosts need neither file), never written or logged."""
     metrics_listen: tuple[str, int] | None = None
     """Where ``/metrics`` (Prometheus) and ``/healthz`` are served (HOST:PORT)."""
     credentials: Mapping[str, str] = field(default_factory=dict)
@@ -391,6 +401,10 @@ class Catalog:
         object.__setattr__(
             self, "_types_of", {name: frozenset(types) for name, types in types_of.items()}
         )
+
+    def published(self, host: str, port: int) -> bool:
+        """Whether an endpoint URL or a backend of the catalog is at host:port."""
+        return (host, port) in self._by_location or (host.lower(), port) in self._by_location
 
     def match(self, host: str, port: int, path: str) -> Match | None:
         """The endpoint whose URL is the longest segment prefix of `path` at host:port.

@@ -6,11 +6,17 @@ keystone lists (``openstack endpoint list``), and they must agree with what the 
 loader accepts. The rule is one:
 
 * every endpoint of the cloud's region (disabled ones are left out) is a *backend*; the router
-  advertises the same URL with its host replaced by the router's host (``router.host``) and,
-  when ``router.ports`` maps it, another port: so a router on another address keeps the
+  advertises the same URL with its host replaced by the router's host (``router.host``, or
+  ``router.hosts[interface]``: the router *as* the internal endpoint on an address of its own)
+  and, when ``router.ports`` maps it, another port: so a router on another address keeps the
   services' ports and paths;
 * the router gets one frontend per distinct advertised ``scheme://host:port``, sorted by port;
+  an https one (a TLS cloud's endpoints) with the certificate and key its host has
+  (``router.tls``, else :class:`TlsFiles`' pattern);
 * two endpoints of one service type and interface in one region are ambiguous: refused.
+
+The forward proxy intercepts TLS (``proxy: {ca, ca_key}``) where the cloud's input says so or
+:class:`TlsFiles` gives every cloud with a proxy a CA (``import-catalog --proxy-ca``).
 
 Peer links (the router-to-router hops, TLS verified with the federation's CA) are added when
 asked: :class:`PeerLinks` (``import-catalog --peer-port``) gives every cloud one, at
@@ -29,7 +35,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from scoperouter.catalog import parse_url
+from scoperouter.catalog import INTERFACES, parse_url
 from scoperouter.errors import ConfigError
 
 # Where the deployment tooling puts a router's peer-link files (the Ansible role's
@@ -37,6 +43,11 @@ from scoperouter.errors import ConfigError
 PEER_CERT = "/etc/scoperouter/peer.crt"
 PEER_KEY = "/etc/scoperouter/peer.key"
 PEER_CA = "/etc/scoperouter/federation-ca.crt"
+# The https frontends' certificate and key, and the forward proxy's CA (TLS interception).
+FRONTEND_CERT = "/etc/scoperouter/frontend.crt"
+FRONTEND_KEY = "/etc/scoperouter/frontend.key"
+PROXY_CA = "/etc/scoperouter/proxy-ca.crt"
+PROXY_CA_KEY = "/etc/scoperouter/proxy-ca.key"
 
 # `openstack endpoint list -f json` columns -> the keys the import reads
 _OSC_COLUMNS = {
@@ -59,7 +70,10 @@ class CloudEndpoints:
     endpoints: Sequence[Mapping[str, Any]]  # service_type, interface, url, region[, enabled]
     router_host: str  # the router's address: it replaces each endpoint URL's host
     router_ports: Mapping[int, int] = field(default_factory=dict)  # backend port -> router port
+    router_hosts: Mapping[str, str] = field(default_factory=dict)  # interface -> its address
+    router_tls: Mapping[str, str] | None = None  # the https frontends' {cert, key}
     proxy_listen: str | None = None  # the services' HTTP_PROXY (host:port)
+    proxy_ca: Mapping[str, str] | None = None  # {ca, ca_key}: the forward proxy intercepts TLS
     metrics_listen: str | None = None
     credentials: Mapping[str, str] = field(default_factory=dict)  # other cloud -> clouds.yaml
     service_types: Collection[str] | None = None  # None: every type of the endpoint list
@@ -80,6 +94,23 @@ class PeerLinks:
     ca: str | None = PEER_CA
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TlsFiles:
+    """Where each router's host has the files of a TLS cloud (patterns: ``{cloud}``, ``{slug}``
+    as for :class:`PeerLinks`): the https frontends' certificate and key, and, when
+    `proxy_ca` is given, the CA every cloud's forward proxy intercepts TLS with (the
+    services' ``HTTPS_PROXY``)."""
+
+    frontend_cert: str = FRONTEND_CERT
+    frontend_key: str = FRONTEND_KEY
+    proxy_ca: str | None = None
+    proxy_ca_key: str = PROXY_CA_KEY
+
+
+def _fill(pattern: str, cloud: str) -> str:
+    return pattern.replace("{cloud}", cloud).replace("{slug}", cloud.lower())
+
+
 def endpoint_row(row: Mapping[str, Any]) -> dict[str, Any]:
     """A row with the import's keys, from the API's or `openstack endpoint list`'s columns."""
     return {_OSC_COLUMNS.get(key, key): value for key, value in row.items()}
@@ -98,9 +129,12 @@ def import_catalog(
     clouds: Sequence[CloudEndpoints],
     settings: Mapping[str, Any] | None = None,
     peers: PeerLinks | None = None,
+    tls: TlsFiles | None = None,
 ) -> dict[str, Any]:
     """The federation config (a dict in the format of config/federation.yaml); with peer
-    links for every cloud when `peers` is given, and for the clouds that give a `peer`."""
+    links for every cloud when `peers` is given, and for the clouds that give a `peer`; the
+    https frontends' and the forward proxies' TLS files from `tls` where a cloud gives none."""
+    files = tls or TlsFiles()
     out: dict[str, Any] = {}
     for cloud in clouds:
         where = f"clouds.{cloud.name}"
@@ -123,8 +157,9 @@ def import_catalog(
             if interface in services.get(stype, {}):
                 raise ConfigError(entry, f"two {interface} endpoints in region {cloud.region}")
             backend = url.rstrip("/")
+            host = cloud.router_hosts.get(interface, cloud.router_host)
             try:
-                advertised = router_url(backend, cloud.router_host, cloud.router_ports)
+                advertised = router_url(backend, host, cloud.router_ports)
             except ValueError as exc:
                 raise ConfigError(entry, str(exc)) from None
             services.setdefault(stype, {})[interface] = {"url": advertised, "backend": backend}
@@ -132,12 +167,27 @@ def import_catalog(
             fronts[(f"{parsed.port:05d}", parsed.base)] = None
         if not services:
             raise ConfigError(where, f"no endpoint in region {cloud.region}")
+        frontend_tls = dict(cloud.router_tls) if cloud.router_tls else None
+        if frontend_tls is None:
+            name = cloud.name
+            frontend_tls = {"cert": _fill(files.frontend_cert, name)}
+            frontend_tls["key"] = _fill(files.frontend_key, name)
         data: dict[str, Any] = {
             "region": cloud.region,
-            "frontends": [{"url": base} for _, base in sorted(fronts)],
+            "frontends": [
+                {"url": base, "tls": dict(frontend_tls)}
+                if base.startswith("https:")
+                else {"url": base}
+                for _, base in sorted(fronts)
+            ],
         }
         if cloud.proxy_listen:
             data["proxy"] = {"listen": cloud.proxy_listen}
+            if cloud.proxy_ca:
+                data["proxy"].update(ca=cloud.proxy_ca["ca"], ca_key=cloud.proxy_ca["ca_key"])
+            elif files.proxy_ca is not None:
+                data["proxy"]["ca"] = _fill(files.proxy_ca, cloud.name)
+                data["proxy"]["ca_key"] = _fill(files.proxy_ca_key, cloud.name)
         if cloud.metrics_listen:
             data["metrics"] = {"listen": cloud.metrics_listen}
         if cloud.credentials:
@@ -149,6 +199,11 @@ def import_catalog(
         config["settings"] = dict(settings)
     config["clouds"] = out
     given = {cloud.name: cloud.peer for cloud in clouds if cloud.peer is not None}
+    for cloud in clouds:
+        # A router on several addresses: its peer link on router.host (not an interface's)
+        spec = given.get(cloud.name) or {}
+        if cloud.router_hosts and peers is not None and peers.port and not spec.get("url"):
+            given[cloud.name] = {**spec, "url": f"https://{_shown(cloud.router_host)}:{peers.port}"}
     return add_peer_links(config, peers, given)
 
 
@@ -217,9 +272,10 @@ def add_peer_links(
 def import_request(data: Any) -> tuple[list[CloudEndpoints], dict[str, Any] | None]:
     """Read the input of `scoperouter import-catalog` (parsed YAML/JSON); errors name the key.
 
-    ``{"settings": {...}, "clouds": {NAME: {"region", "router": {"host", "ports"}, "proxy":
-    {"listen"}, "metrics": {"listen"}, "credentials", "service_types", "peer": {"url",
-    "listen", "tls": {"cert", "key"}}, "endpoints": [...], "services": [...]}}}``: endpoint
+    ``{"settings": {...}, "clouds": {NAME: {"region", "router": {"host", "ports", "hosts":
+    {INTERFACE: HOST}, "tls": {"cert", "key"}}, "proxy": {"listen", "ca", "ca_key"}, "metrics":
+    {"listen"}, "credentials", "service_types", "peer": {"url", "listen", "tls": {"cert",
+    "key"}}, "endpoints": [...], "services": [...]}}}``: endpoint
     rows as `openstack endpoint list -f json` prints them, or as the identity API's
     ``/v3/endpoints`` lists them (``service_id``, ``region_id``) with ``services`` (its
     ``/v3/services``) to name their types.
@@ -258,6 +314,22 @@ def import_request(data: Any) -> tuple[list[CloudEndpoints], dict[str, Any] | No
         except (TypeError, ValueError, AttributeError):
             raise ConfigError(f"{where}.router.ports", "expected port: port") from None
         types = spec.get("service_types")
+        hosts = router.get("hosts") or {}
+        if not isinstance(hosts, Mapping) or not all(
+            k in INTERFACES and isinstance(v, str) and v for k, v in hosts.items()
+        ):
+            raise ConfigError(f"{where}.router.hosts", "expected interface: address")
+        router_tls = router.get("tls")
+        if router_tls is not None:
+            router_tls = _files(router_tls, f"{where}.router.tls", ("cert", "key"))
+        proxy = spec.get("proxy") or {}
+        if not isinstance(proxy, Mapping):
+            raise ConfigError(f"{where}.proxy", "expected {listen, ca, ca_key}")
+        proxy_ca = None
+        if "ca" in proxy or "ca_key" in proxy:
+            proxy_ca = _files(
+                {k: proxy.get(k) for k in ("ca", "ca_key")}, f"{where}.proxy", ("ca", "ca_key")
+            )
         peer = spec.get("peer")
         if peer is not None:
             peer = _peer_request(peer, f"{where}.peer")
@@ -268,7 +340,10 @@ def import_request(data: Any) -> tuple[list[CloudEndpoints], dict[str, Any] | No
                 endpoints=endpoints,
                 router_host=router["host"],
                 router_ports=ports,
-                proxy_listen=(spec.get("proxy") or {}).get("listen"),
+                router_hosts=dict(hosts),
+                router_tls=router_tls,
+                proxy_listen=proxy.get("listen"),
+                proxy_ca=proxy_ca,
                 metrics_listen=(spec.get("metrics") or {}).get("listen"),
                 credentials=dict(spec.get("credentials") or {}),
                 service_types=None if types is None else list(types),
@@ -276,6 +351,17 @@ def import_request(data: Any) -> tuple[list[CloudEndpoints], dict[str, Any] | No
             )
         )
     return clouds, None if settings is None else dict(settings)
+
+
+def _files(data: Any, where: str, keys: tuple[str, ...]) -> dict[str, str]:
+    """``{cert: PATH, key: PATH}`` (or other `keys`) in the input: every one a path."""
+    if (
+        not isinstance(data, Mapping)
+        or set(data) != set(keys)
+        or not all(isinstance(v, str) and v for v in data.values())
+    ):
+        raise ConfigError(where, "expected {" + ", ".join(f"{k}: PATH" for k in keys) + "}")
+    return {k: str(data[k]) for k in keys}
 
 
 def _peer_request(data: Any, where: str) -> dict[str, Any]:

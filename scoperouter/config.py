@@ -132,6 +132,8 @@ _INTERFACE_KEYS = frozenset(INTERFACES)
 _FRONTEND_REQUIRED = frozenset({"url"})
 _FRONTEND_KEYS = frozenset({"url", "listen", "tls"})
 _ENDPOINT_KEYS = frozenset({"url", "backend"})
+_LISTEN_KEYS = frozenset({"listen"})
+_PROXY_KEYS = frozenset({"listen", "ca", "ca_key"})
 
 
 class _Loader:
@@ -290,7 +292,7 @@ class _Loader:
         if peer is not None:
             taken = {(f.listen_host, f.listen_port) for f in frontends}
             taken |= {(f.url.host, f.url.port) for f in frontends}
-            proxy = self._listen(doc.get("proxy"), f"{where}.proxy")
+            proxy = self._listen(doc.get("proxy"), f"{where}.proxy", _PROXY_KEYS)
             if proxy is not None:
                 taken.add(proxy)
             if (peer.listen_host, peer.listen_port) in taken or (
@@ -302,12 +304,15 @@ class _Loader:
                     "the peer link needs an address of its own (not a frontend's or the "
                     "forward proxy's)",
                 )
+        proxy_ca, proxy_ca_key = self.proxy_ca(doc.get("proxy"), f"{where}.proxy")
         return Cloud(
             name=name,
             region=region,
             frontends=frontends,
             endpoints=tuple(endpoints),
-            proxy_listen=self._listen(doc.get("proxy"), f"{where}.proxy"),
+            proxy_listen=self._listen(doc.get("proxy"), f"{where}.proxy", _PROXY_KEYS),
+            proxy_ca=proxy_ca,
+            proxy_ca_key=proxy_ca_key,
             metrics_listen=self._listen(doc.get("metrics"), f"{where}.metrics"),
             credentials=credentials,
             peer=peer,
@@ -360,12 +365,28 @@ class _Loader:
             )
         return Endpoint(cloud, service_type, interface, url, backend)
 
-    def _listen(self, data: Any, where: str) -> tuple[str, int] | None:
+    def _listen(
+        self, data: Any, where: str, allowed: AbstractSet[str] = _LISTEN_KEYS
+    ) -> tuple[str, int] | None:
         """``{listen: HOST:PORT}`` (the proxy and metrics sections), or None when absent."""
         if data is None:
             return None
-        doc = self._mapping(data, where, required={"listen"}, allowed={"listen"})
+        doc = self._mapping(data, where, required=_LISTEN_KEYS, allowed=allowed)
         return self._hostport(doc["listen"], f"{where}.listen")
+
+    def proxy_ca(self, data: Any, where: str) -> tuple[str | None, str | None]:
+        """The forward proxy's CA for TLS interception (``proxy: {ca, ca_key}``): both files,
+        or neither. Only the cloud's own router reads them (and checks them: they exist, the
+        key's mode), so other routers' hosts need not have them."""
+        if data is None:
+            return None, None
+        doc = self._mapping(data, where, required=_LISTEN_KEYS, allowed=_PROXY_KEYS)
+        if ("ca" in doc) != ("ca_key" in doc):
+            given, missing = ("ca", "ca_key") if "ca" in doc else ("ca_key", "ca")
+            raise ConfigError(f"{where}.{missing}", f"required with {given} (TLS interception)")
+        if "ca" not in doc:
+            return None, None
+        return self._path(doc["ca"], f"{where}.ca"), self._path(doc["ca_key"], f"{where}.ca_key")
 
     def _mapping(
         self,
@@ -402,12 +423,16 @@ class _Loader:
             raise ConfigError(where, str(exc)) from None
 
     def _file(self, value: Any, where: str) -> str:
-        if not isinstance(value, str) or not value:
-            raise ConfigError(where, "expected a file path")
-        path = Path(value) if Path(value).is_absolute() else self.base_dir / value
+        path = Path(self._path(value, where))
         if not path.is_file():
             raise ConfigError(where, f"no such file: {path}")
         return str(path)
+
+    def _path(self, value: Any, where: str) -> str:
+        """A file's path (relative: to the config file), whether or not it is there."""
+        if not isinstance(value, str) or not value:
+            raise ConfigError(where, "expected a file path")
+        return str(Path(value) if Path(value).is_absolute() else self.base_dir / value)
 
 
 def _check_peer_links(clouds: Mapping[str, Cloud], settings: Settings) -> None:

@@ -1,15 +1,25 @@
-"""``A & B`` on a list: one request per cloud, one merged answer (pure, no I/O).
+"""``A & B`` on a read: one request per cloud, one answer (pure, no I/O).
 
-A scope entry such as ``{"image": "CloudOne & CloudTwo"}`` makes a *read of a list* go to every
-named cloud at once; this module says what each cloud is asked (:func:`plan_list`) and turns the
-clouds' answers into one answer (:func:`merge_list`). The router's engine does the I/O
-(``scoperouter.proxy.fanout``).
+A scope entry such as ``{"image": "CloudOne & CloudTwo"}`` makes a *read* go to every named
+cloud at once; this module says what each cloud is asked (:func:`plan_read`) and turns the
+clouds' answers into one answer: a list merged (:func:`merge_list`), or one resource found
+where it is (:func:`find_one`). The router's engine does the I/O
+(``scoperouter.router.fanout``).
 
 **Which requests are reads of a list.** ``GET`` on a path that the service's API defines as a
 collection: :data:`COLLECTIONS`, a small table keyed by service type, each entry the last path
 segments of the collection (``servers/detail``), the key holding its items, and the way the
-service writes its next-page link. Anything else with ``&`` is refused by the router (400):
-a write would need replication, a single resource lives in one cloud.
+service writes its next-page link.
+
+**Which are reads of one resource.** ``GET`` of ``<collection>/<id>`` for the collections of
+:data:`RESOURCES` (``v2/images/<id>``, ``servers/<id>``, ``v2.0/networks/<id>``...), each
+with the key its answer holds the resource in (none: the body is the resource, as glance's and
+placement's). Every cloud is asked; the one that has it (2xx) answers, marked with its cloud
+like a merged list's items; 404 when none has it, 409 naming the clouds when more than one has
+it (the scope must then name one). So ``openstack image show``, ``server show`` and the SDK's
+``find_*`` (a GET by id, then a list by name) work across clouds.
+
+Anything else with ``&`` is refused by the router (400): a write would need replication.
 
 **Order.** The clouds' items are concatenated in the expression's order (all of CloudOne's,
 then all of CloudTwo's), each cloud's items in its own order. A page ends where the first
@@ -28,11 +38,12 @@ signature; it is only checked for shape and size, and a garbled one is a 400. It
 bounded by the clouds of the expression and :data:`MAX_CLOUD_MARKER`
 (:func:`max_marker_length`).
 
-**Failures.** A cloud that fails (no answer, an error status, a body that is not a list)
-fails the whole request naming it, unless the client sent ``X-Scope-Partial: allow``
-(:data:`PARTIAL_HEADER`): then the clouds that answered make the page and the answer's
-``X-Scope-Missing`` header (:data:`MISSING_HEADER`) lists the clouds left out. A missing cloud
-keeps its place in the merged marker, so a later page asks it again from the same point.
+**Failures.** A cloud that fails (no answer, an error status, a body that is not a list; for
+one resource any status but 2xx and 404) fails the whole request naming it, unless the client
+sent ``X-Scope-Partial: allow`` (:data:`PARTIAL_HEADER`): then the clouds that answered make
+the answer and its ``X-Scope-Missing`` header (:data:`MISSING_HEADER`) lists the clouds left
+out. A missing cloud keeps its place in the merged marker, so a later page asks it again from
+the same point.
 """
 
 from __future__ import annotations
@@ -48,6 +59,7 @@ from urllib.parse import parse_qsl, urlencode
 from scoperouter.errors import Reject, error_body
 
 ORIGIN_KEY = "x-scope-cloud"
+ORIGIN_HEADER = "x-scope-cloud"  # on one resource found across clouds: the cloud it is in
 PARTIAL_HEADER = "x-scope-partial"  # "allow": answer with the clouds that answered
 MISSING_HEADER = "X-Scope-Missing"  # on a partial answer: the clouds left out, comma-separated
 MARKER_PREFIX = "scope1."
@@ -119,6 +131,60 @@ def collection_of(service_type: str, method: str, path: str) -> Collection | Non
         n = len(collection.suffix)
         if tuple(segments[-n:]) == collection.suffix:
             return collection
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """One kind of resource of a service's API, read by id."""
+
+    suffix: tuple[str, ...]  # the last path segments of its collection: ("v2", "images")
+    key: str | None  # the body key holding it (nova's "server"); None: the body is it
+
+
+def _r(suffix: str, key: str | None) -> Resource:
+    return Resource(tuple(suffix.split("/")), key)
+
+
+RESOURCES: Mapping[str, tuple[Resource, ...]] = {
+    "compute": (
+        _r("servers", "server"),
+        _r("flavors", "flavor"),
+        _r("os-server-groups", "server_group"),
+    ),
+    "image": (_r("v2/images", None),),
+    "network": (
+        _r("v2.0/networks", "network"),
+        _r("v2.0/subnets", "subnet"),
+        _r("v2.0/ports", "port"),
+        _r("v2.0/routers", "router"),
+        _r("v2.0/security-groups", "security_group"),
+        _r("v2.0/floatingips", "floatingip"),
+    ),
+    "volume": (_r("volumes", "volume"), _r("snapshots", "snapshot")),
+    "identity": (
+        _r("v3/projects", "project"),
+        _r("v3/users", "user"),
+        _r("v3/regions", "region"),
+    ),
+    "placement": (_r("resource_providers", None),),
+}
+"""Service type -> the resources ``&`` finds by id (``GET <collection>/<id>``): the
+collections of :data:`COLLECTIONS`, one resource of each. Block storage is listed under
+``volume``."""
+RESOURCES = {**RESOURCES, "block-storage": RESOURCES["volume"]}
+
+
+def resource_of(service_type: str, method: str, path: str) -> Resource | None:
+    """The kind of resource a request reads by id, or None when it is not such a read (a
+    list is not: :func:`collection_of` is asked first)."""
+    if method != "GET":
+        return None
+    segments = path.partition("?")[0].rstrip("/").split("/")
+    for resource in RESOURCES.get(service_type, ()):
+        n = len(resource.suffix)
+        if len(segments) > n and segments[-1] and tuple(segments[-n - 1 : -1]) == resource.suffix:
+            return resource
     return None
 
 
@@ -205,6 +271,29 @@ class ListPlan:
         return self.path + self.query_for(cloud)
 
 
+def plan_read(
+    service_type: str,
+    method: str,
+    path: str,
+    clouds: Sequence[str],
+    headers: Mapping[str, str],
+) -> ListPlan | ResourcePlan | Reject:
+    """What each cloud of ``A & B`` is asked: a page of a merged list, one resource, or the
+    400 for a request ``&`` cannot serve (`path` with its query, as the client sent it;
+    `headers` with lower-case names)."""
+    if collection_of(service_type, method, path) is not None:
+        return plan_list(service_type, method, path, clouds, headers)
+    resource = resource_of(service_type, method, path)
+    if resource is None:
+        reads = (
+            "only reads, a list (GET of a collection, merged) or one resource (GET by id, "
+            "found in the cloud that has it)"
+        )
+        return _not_a_read(service_type, method, path, clouds, reads)
+    partial = headers.get(PARTIAL_HEADER, "").strip().lower() == "allow"
+    return ResourcePlan(service_type, resource, path, tuple(clouds), partial)
+
+
 def plan_list(
     service_type: str,
     method: str,
@@ -213,16 +302,11 @@ def plan_list(
     headers: Mapping[str, str],
 ) -> ListPlan | Reject:
     """Plan one page of a merged list (`path` with its query, as the client sent it), or the
-    400 for a request ``&`` cannot serve. `headers` have lower-case names."""
-    expression = " & ".join(clouds)
+    400 for a request that is not a read of a list. `headers` have lower-case names."""
     collection = collection_of(service_type, method, path)
     if collection is None:
-        what = f"{method} {path.partition('?')[0]}"
-        return Reject(
-            400,
-            f"{expression} for {service_type!r}: '&' only merges reads of a list (GET of a "
-            f"collection), not {what}; name one cloud for it (or use '|')",
-        )
+        reads = "only merges reads of a list (GET of a collection)"
+        return _not_a_read(service_type, method, path, clouds, reads)
     base, _, query_text = path.partition("?")
     query: list[tuple[str, str]] = []
     limit: int | None = None
@@ -246,6 +330,17 @@ def plan_list(
     partial = headers.get(PARTIAL_HEADER, "").strip().lower() == "allow"
     return ListPlan(
         service_type, collection, base, tuple(query), tuple(clouds), limit, states, partial
+    )
+
+
+def _not_a_read(
+    service_type: str, method: str, path: str, clouds: Sequence[str], reads: str
+) -> Reject:
+    what = f"{method} {path.partition('?')[0]}"
+    return Reject(
+        400,
+        f"{' & '.join(clouds)} for {service_type!r}: '&' {reads}, not {what}; name one cloud "
+        "for it (or use '|')",
     )
 
 
@@ -401,10 +496,11 @@ def _error_of(answer: CloudAnswer) -> CloudFailure:
     return CloudFailure(status, f"{text}: {message[:300]}" if message else text)
 
 
-def _failure(plan: ListPlan, failed: Mapping[str, tuple[int, str]]) -> Merged:
+def _failure(plan: ListPlan | ResourcePlan, failed: Mapping[str, tuple[int, str]]) -> Merged:
     status = next(iter(failed.values()))[0]
     reasons = "; ".join(f"{cloud}: {why}" for cloud, (_, why) in failed.items())
-    hint = "" if plan.partial else f" (send {_title(PARTIAL_HEADER)}: allow to list the others)"
+    others = "list the others" if isinstance(plan, ListPlan) else "look in the others only"
+    hint = "" if plan.partial else f" (send {_title(PARTIAL_HEADER)}: allow to {others})"
     message = (
         f"{' & '.join(plan.clouds)} for {plan.service_type!r}: "
         f"{', '.join(failed)} failed ({reasons}){hint}"
@@ -448,3 +544,82 @@ def _write_links(
     elif collection.links == "nova" and next_query is not None:
         href = base_url + plan.path + next_query
         body[f"{collection.key}_links"] = [{"rel": "next", "href": href}]
+
+
+# --- one resource --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ResourcePlan:
+    """What to ask each cloud for one resource: the request as the client sent it."""
+
+    service_type: str
+    resource: Resource
+    path: str  # with the query
+    clouds: tuple[str, ...]  # every cloud of the expression, in its order
+    partial: bool  # the client accepts an answer without the clouds that failed
+
+    @property
+    def asked(self) -> tuple[str, ...]:
+        return self.clouds
+
+    def query_for(self, cloud: str) -> None:
+        """None: each cloud gets the request's own path and query."""
+        return None
+
+
+def find_one(plan: ResourcePlan, answers: Mapping[str, CloudAnswer | CloudFailure]) -> Merged:
+    """The answer of the one cloud that has the resource (2xx), marked with its cloud (the
+    :data:`ORIGIN_KEY` of the resource in the body, the :data:`ORIGIN_HEADER`); 404 when
+    every cloud answered 404, 409 when more than one has it; a cloud that failed (any other
+    status, no answer) fails the request naming it unless ``plan.partial``."""
+    found: list[tuple[str, CloudAnswer]] = []
+    failed: dict[str, tuple[int, str]] = {}
+    for cloud in plan.asked:
+        answer = answers.get(cloud)
+        if answer is None:
+            failed[cloud] = (502, "it was not asked")
+        elif isinstance(answer, CloudFailure):
+            failed[cloud] = (answer.status, answer.reason)
+        elif 200 <= answer.status < 300:
+            found.append((cloud, answer))
+        elif answer.status != 404:
+            error = _error_of(answer)
+            failed[cloud] = (error.status, error.reason)
+    expression = " & ".join(plan.clouds)
+    what = f"{expression} for {plan.service_type!r}: GET {plan.path.partition('?')[0]}"
+    if failed and (not plan.partial or len(failed) == len(plan.asked)):
+        return _failure(plan, failed)
+    missing = {MISSING_HEADER: ", ".join(failed)} if failed else {}
+    if len(found) > 1:
+        clouds = ", ".join(cloud for cloud, _ in found)
+        message = f"{what} is in more than one cloud ({clouds}): name the one to use"
+        return _error(409, message, missing)
+    if not found:
+        asked = " or ".join(c for c in plan.asked if c not in failed)
+        return _error(404, f"{what}: not found in {asked}", missing)
+    cloud, answer = found[0]
+    headers = {k: v for k, v in answer.headers.items() if k != "content-length"}
+    headers[ORIGIN_HEADER] = cloud
+    headers.update(missing)
+    return Merged(answer.status, headers, _marked(answer.body, plan.resource, cloud))
+
+
+def _error(status: int, message: str, headers: Mapping[str, str]) -> Merged:
+    return Merged(
+        status, {"content-type": "application/json", **headers}, error_body(status, message)
+    )
+
+
+def _marked(body: bytes, resource: Resource, cloud: str) -> bytes:
+    """`body` with the resource marked with its cloud; unchanged when it is not the JSON the
+    service's API says (the answer's header still names the cloud)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body
+    item = data.get(resource.key) if resource.key and isinstance(data, dict) else data
+    if not isinstance(item, dict):
+        return body
+    item[ORIGIN_KEY] = cloud
+    return json.dumps(data).encode()

@@ -1,5 +1,7 @@
 """Certificates of the router-to-router links (peer links): a federation's CA and, for each
-router, a certificate for its peer-link address signed by it.
+router, a certificate for its peer-link address signed by it; and the forward proxy's
+certificates for the hosts whose TLS it intercepts, signed in memory by its cloud's CA
+(:func:`load_signing_ca`, :func:`host_certificate`).
 
 One implementation for everyone who makes them: ``scoperouter pki`` (an operator, the Secrets
 of deploy/kubernetes), the Ansible role ``scoperouter_federation`` (its module runs this file on
@@ -26,12 +28,13 @@ import datetime
 import ipaddress
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
@@ -180,6 +183,87 @@ def new_certificate(
         .sign(ca_key, hashes.SHA256())
     )
     return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+
+
+# --- the forward proxy's certificates (TLS interception): made in memory, never written
+
+
+SigningKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
+
+
+@dataclass(frozen=True, slots=True)
+class SigningCA:
+    """A CA that signs certificates in memory (the forward proxy's): its certificate and key,
+    read once from files the router's user alone may read."""
+
+    cert: x509.Certificate
+    key: SigningKey
+
+    def __repr__(self) -> str:  # never the key, whoever prints it
+        return f"SigningCA({self.cert.subject.rfc4514_string()})"
+
+
+def private_file_problem(path: Path) -> str | None:
+    """Why `path` may not hold a private key (others may read or write it), or None."""
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        return (
+            f"{path} is mode {mode:04o}: a private key must be readable by its owner only "
+            f"(chmod 600 {path})"
+        )
+    return None
+
+
+def load_signing_ca(cert_path: Path, key_path: Path) -> SigningCA:
+    """The CA in these files, for signing; PkiError (saying which file and why, never the
+    key) when the key file is readable by others than its owner, either file is not what it
+    should be, or the key is not the certificate's."""
+    try:
+        problem = private_file_problem(key_path)
+        if problem is not None:
+            raise PkiError(problem)
+        cert_pem, key_pem = cert_path.read_bytes(), key_path.read_bytes()
+    except OSError as exc:
+        raise PkiError(f"cannot read {exc.filename}: {exc.strerror}") from None
+    cert = load_certificate(cert_pem, f"CA certificate {cert_path}")
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError):
+        raise PkiError(f"the CA key {key_path} is not an unencrypted PEM private key") from None
+    try:
+        constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+    except x509.ExtensionNotFound:
+        constraints = None
+    if not isinstance(key, SigningKey):
+        raise PkiError(f"the CA key {key_path} is neither an elliptic-curve nor an RSA key")
+    if constraints is None or not constraints.ca:
+        raise PkiError(f"{cert_path} is not a CA's certificate (no basicConstraints CA:TRUE)")
+    if _spki(key.public_key()) != _spki(cert.public_key()):
+        raise PkiError(f"the key {key_path} does not belong to the CA certificate {cert_path}")
+    return SigningCA(cert, key)
+
+
+def host_certificate(
+    ca: SigningCA, key: ec.EllipticCurvePrivateKey, host: str, days: int
+) -> x509.Certificate:
+    """A server certificate for `host` (an IP or a DNS name) and `key`, signed by `ca`: what
+    the forward proxy answers a ``CONNECT`` to `host` with. In memory only."""
+    return (
+        _builder(_name(host), ca.cert.subject, key, days)
+        .add_extension(x509.SubjectAlternativeName(general_names([host])), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()),
+            critical=False,
+        )
+        .sign(ca.key, hashes.SHA256())
+    )
+
+
+def new_key() -> ec.EllipticCurvePrivateKey:
+    """A P-256 key (in memory)."""
+    return ec.generate_private_key(ec.SECP256R1())
 
 
 def _expiring(cert: x509.Certificate, renew_days: int) -> str | None:

@@ -38,7 +38,7 @@ from typing import Literal, overload
 
 from scoperouter.catalog import Catalog, Endpoint, Match
 from scoperouter.errors import Reject
-from scoperouter.merge import ListPlan, plan_list
+from scoperouter.merge import ListPlan, ResourcePlan, plan_read
 from scoperouter.scope import (
     FOLLOWS,
     SCOPE_SEPARATOR,
@@ -331,8 +331,9 @@ def _forward_to(
 
 @dataclass(frozen=True, slots=True)
 class FanOut:
-    """``A & B`` on a read of a list: every part is asked at once (its request's query from
-    ``plan.query_for(label)``), and ``merge.merge_list(plan, ...)`` makes the answer.
+    """``A & B`` on a read: every part is asked at once (its request's query from
+    ``plan.query_for(label)``), and ``merge.merge_list(plan, ...)`` makes the answer of a list,
+    ``merge.find_one(plan, ...)`` the answer of one resource.
 
     A part is one cloud (a Forward) or ``A | B`` inside the merge (a Failover); a part's label
     in the plan (and in the merged marker) is its expression text."""
@@ -340,7 +341,7 @@ class FanOut:
     service_type: str
     expression: str
     parts: tuple[tuple[str, Forward | Failover], ...]  # (label, how to reach it), in order
-    plan: ListPlan
+    plan: ListPlan | ResourcePlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,7 +376,7 @@ def _combined(
     text = format_expression(expr)
     if isinstance(expr, AllOf):
         labels = tuple(format_expression(part) for part in expr.parts)
-        plan = plan_list(service_type, facts.method, facts.path, labels, facts.headers)
+        plan = plan_read(service_type, facts.method, facts.path, labels, facts.headers)
         if isinstance(plan, Reject):
             return plan
         parts: list[tuple[str, Forward | Failover]] = []
@@ -548,6 +549,35 @@ def _identity_edits(
 
 _NO_SWAPS: frozenset[str] = frozenset()
 _SWAP_SERVICE = frozenset({SERVICE_TOKEN})
+
+
+CONNECT_REFUSED = (
+    "CONNECT tunnels are not supported by the forward proxy of {cloud} (it has no proxy.ca to "
+    "intercept TLS with): send plain http:// requests through it, or call the https frontend "
+    "directly"
+)
+
+
+def tunnel(host: str, port: int, catalog: Catalog, local_cloud: str) -> Reject | None:
+    """A ``CONNECT host:port`` on the forward proxy (a service's ``HTTPS_PROXY``): None when it
+    is intercepted (its TLS terminated with a certificate for `host` signed by the cloud's
+    ``proxy.ca``, each request inside routed like a plain one), else the 403.
+
+    Intercepted: the destinations the forward proxy routes in plain HTTP, every host:port
+    where the catalog publishes an endpoint URL (a router's frontend: what keystone
+    advertises) or a backend (a service reached directly: kolla's internal endpoints, an
+    ``auth_url`` in a service's config). Anything else stays a 403: the proxy is no open
+    proxy, and never makes a certificate for a host outside the catalog."""
+    cloud = catalog.clouds.get(local_cloud)
+    if cloud is None or cloud.proxy_ca is None:
+        return Reject(403, CONNECT_REFUSED.format(cloud=local_cloud))
+    if not catalog.published(host, port):
+        return Reject(
+            403,
+            f"CONNECT {host[:200]}:{port}: not a destination of the federation catalog; the "
+            f"forward proxy of {local_cloud} only opens tunnels to catalog destinations",
+        )
+    return None
 
 
 def _no_service(facts: RequestFacts, local_cloud: str) -> Reject:

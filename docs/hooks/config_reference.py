@@ -65,7 +65,7 @@ CLOUD_KEYS: dict[str, tuple[type, str, str]] = {
         "service type → interface (`public`, `internal`, `admin`) → endpoint (below)",
     ),
     "peer": (Cloud, "peer", "a listener (below), `https://`"),
-    "proxy": (Cloud, "proxy_listen", "`{listen: HOST:PORT}`"),
+    "proxy": (Cloud, "proxy_listen", "`{listen: HOST:PORT}`, and `ca`, `ca_key` (below)"),
     "metrics": (Cloud, "metrics_listen", "`{listen: HOST:PORT}`"),
     "credentials": (Cloud, "credentials", "another cloud's name → a clouds.yaml entry"),
 }
@@ -73,6 +73,11 @@ LISTENER_KEYS: dict[str, tuple[type, str, str]] = {
     "url": (Frontend, "url", "`http://HOST:PORT` or `https://HOST:PORT`"),
     "listen": (Frontend, "listen_host", "`HOST:PORT`"),
     "tls": (Frontend, "cert", "`{cert: FILE, key: FILE}` (relative: to the config file)"),
+}
+PROXY_KEYS: dict[str, tuple[type, str, str]] = {
+    "listen": (Cloud, "proxy_listen", "`HOST:PORT`"),
+    "ca": (Cloud, "proxy_ca", "a PEM file (relative: to the config file)"),
+    "ca_key": (Cloud, "proxy_ca_key", "a PEM file, mode 0600"),
 }
 ENDPOINT_KEYS: dict[str, tuple[type, str, str]] = {
     "url": (Endpoint, "url", "an http(s) URL"),
@@ -315,8 +320,8 @@ def clouds_markdown() -> str:
     _check((*cloud_path, "frontends", 0), listener, LISTENER_KEYS)
     _check((*cloud_path, "services", "image", "public"), endpoint, ENDPOINT_KEYS)
     _check((*cloud_path, "frontends", 0, "tls"), {"cert": "c", "key": "k"}, {"cert": 0, "key": 0})
-    for section in ("proxy", "metrics"):
-        _check((*cloud_path, section), {"listen": "127.0.0.2:3128"}, {"listen": 0})
+    _check((*cloud_path, "proxy"), {"listen": "127.0.0.2:3128"}, PROXY_KEYS)
+    _check((*cloud_path, "metrics"), {"listen": "127.0.0.2:9180"}, {"listen": 0})
     out = ["### `clouds.<name>`", "", f"`<name>`: {describe(Cloud, 'name')}", ""]
     out += _table(CLOUD_KEYS, required_keys(cloud_path))
     out += [
@@ -325,6 +330,12 @@ def clouds_markdown() -> str:
         _markdown(Frontend.__doc__ or ""),
         "",
         *_table(LISTENER_KEYS, required_keys((*cloud_path, "frontends", 0))),
+        "### The forward proxy: `proxy`",
+        "",
+        "Where the cloud's services send their calls (`HTTP_PROXY`, and `HTTPS_PROXY` when it "
+        "intercepts TLS: [TLS clouds](../router/tls-clouds.md)).",
+        "",
+        *_table(PROXY_KEYS, required_keys((*cloud_path, "proxy"))),
         "### Endpoints: `services.<type>.<interface>`",
         "",
         _markdown(Endpoint.__doc__ or ""),

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING
 
 from scoperouter.catalog import Catalog
 from scoperouter.cli.common import load
+from scoperouter.errors import ConfigError
+from scoperouter.proxy.forward.intercept import signing_ca
 
 if TYPE_CHECKING:
     from scoperouter.cli.common import Subparsers
@@ -22,7 +25,12 @@ def register(sub: Subparsers) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     check.add_argument("config", metavar="FILE")
-    check.add_argument("--cloud", metavar="NAME", help="also check that this cloud is defined")
+    check.add_argument(
+        "--cloud",
+        metavar="NAME",
+        help="also check that this cloud is defined, and its forward proxy's CA as its router "
+        "reads it (proxy.ca_key mode 0600)",
+    )
     check.set_defaults(func=run)
     return check
 
@@ -31,6 +39,12 @@ def run(args: argparse.Namespace) -> int:
     catalog = load(args.config, args.cloud)
     if catalog is None:
         return 1
+    if args.cloud is not None:
+        try:
+            signing_ca(catalog, args.cloud, args.config)
+        except ConfigError as exc:
+            print(f"scoperouter: invalid config: {exc}", file=sys.stderr)
+            return 1
     settings = catalog.settings
     limits, breaker = settings.limits, settings.breaker
     print(f"{args.config}: OK ({catalog.describe()})")
@@ -50,7 +64,10 @@ def run(args: argparse.Namespace) -> int:
         frontends = ", ".join(str(f.url) for f in cloud.frontends)
         extras = []
         if cloud.proxy_listen:
-            extras.append(f"forward proxy {cloud.proxy_listen[0]}:{cloud.proxy_listen[1]}")
+            intercepts = f", intercepting TLS with {cloud.proxy_ca}" if cloud.proxy_ca else ""
+            extras.append(
+                f"forward proxy {cloud.proxy_listen[0]}:{cloud.proxy_listen[1]}{intercepts}"
+            )
         if cloud.metrics_listen:
             extras.append(f"metrics {cloud.metrics_listen[0]}:{cloud.metrics_listen[1]}")
         if cloud.peer is not None:

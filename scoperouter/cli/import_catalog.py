@@ -8,7 +8,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scoperouter.catalog_import import PEER_CA, PEER_CERT, PEER_KEY
+from scoperouter.catalog_import import (
+    FRONTEND_CERT,
+    FRONTEND_KEY,
+    PEER_CA,
+    PEER_CERT,
+    PEER_KEY,
+    PROXY_CA,
+    PROXY_CA_KEY,
+)
 from scoperouter.cli.common import port
 from scoperouter.errors import ConfigError
 
@@ -27,7 +35,10 @@ input (YAML or JSON):
     CloudOne:
       region: CloudOne              # default: the cloud's name
       router: {host: 127.0.0.2, ports: {}}
+      #   hosts: {internal: 10.0.0.2}          # optional: an interface advertised elsewhere
+      #   tls: {cert: PATH, key: PATH}         # optional: the https frontends' (TLS clouds)
       proxy: {listen: 127.0.0.2:3128}          # optional: the services' HTTP_PROXY
+      #   ca: PATH, ca_key: PATH               # optional: intercept TLS (HTTPS_PROXY)
       metrics: {listen: 127.0.0.2:9180}        # optional
       credentials: {CloudTwo: router-at-cloudtwo}   # optional clouds.yaml entries
       service_types: [identity, image]         # optional: only these
@@ -81,6 +92,25 @@ def register(sub: Subparsers) -> argparse.ArgumentParser:
         metavar="PATH",
         help=f"the federation's CA, settings.peers.ca (default: {PEER_CA})",
     )
+    tls = imp.add_argument_group(
+        "TLS clouds",
+        "Endpoints in https (docs/router/tls-clouds.md). Each https frontend gets a certificate "
+        "and key, where its router's host has them ({cloud} and {slug} replaced; a cloud's own "
+        "router.tls in FILE wins). --proxy-ca makes every cloud's forward proxy intercept TLS "
+        "(the services' HTTPS_PROXY), signing with that cloud's CA (a cloud's own proxy.ca wins).",
+    )
+    tls.add_argument(
+        "--frontend-cert", metavar="PATH", help=f"the https frontends' (default: {FRONTEND_CERT})"
+    )
+    tls.add_argument("--frontend-key", metavar="PATH", help=f"its key (default: {FRONTEND_KEY})")
+    tls.add_argument(
+        "--proxy-ca",
+        metavar="PATH",
+        help=f"the forward proxy's CA, e.g. {PROXY_CA} (default: no interception)",
+    )
+    tls.add_argument(
+        "--proxy-ca-key", metavar="PATH", help=f"its key, mode 0600 (default: {PROXY_CA_KEY})"
+    )
     imp.set_defaults(func=run)
     return imp
 
@@ -88,7 +118,7 @@ def register(sub: Subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     import yaml
 
-    from scoperouter.catalog_import import PeerLinks, import_catalog, import_request
+    from scoperouter.catalog_import import PeerLinks, TlsFiles, import_catalog, import_request
 
     source = "<stdin>" if args.input == "-" else args.input
     try:
@@ -110,18 +140,24 @@ def run(args: argparse.Namespace) -> int:
             key=args.peer_key or PEER_KEY,
             ca=args.peer_ca or PEER_CA,
         )
+    tls = TlsFiles(
+        frontend_cert=args.frontend_cert or FRONTEND_CERT,
+        frontend_key=args.frontend_key or FRONTEND_KEY,
+        proxy_ca=args.proxy_ca,
+        proxy_ca_key=args.proxy_ca_key or PROXY_CA_KEY,
+    )
     base = Path(args.output).resolve().parent if args.output else Path.cwd()
     try:
         clouds, settings = import_request(data)
-        config = import_catalog(clouds, settings, peers)
+        config = import_catalog(clouds, settings, peers, tls)
         missing = _check_imported(config, f"config imported from {source}", base)
     except ConfigError as exc:
         print(f"scoperouter: {source}: {exc}", file=sys.stderr)
         return 1
     if missing:
         print(
-            "scoperouter: note: the peer links' files are not there yet (each router's host "
-            "needs its own before check-config and serve; `scoperouter pki` makes them): "
+            "scoperouter: note: these TLS files are not there yet (each router's host needs "
+            "its own before check-config and serve; `scoperouter pki` makes them): "
             + ", ".join(missing),
             file=sys.stderr,
         )
@@ -135,9 +171,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_imported(config: dict[str, Any], source: str, base: Path) -> list[str]:
-    """Validate an imported config as check-config would where the routers run; the peer
-    links' files (each router's, on its own host; the CA) need not be here yet: those missing
-    are checked as if they were (empty stand-ins) and returned."""
+    """Validate an imported config as check-config would where the routers run; the TLS files
+    (peer links', https frontends', the forward proxy's CA: each router's, on its own host)
+    need not be here yet: those missing are checked as if they were (empty stand-ins) and
+    returned."""
     import copy
     import tempfile
 
@@ -146,9 +183,15 @@ def _check_imported(config: dict[str, Any], source: str, base: Path) -> list[str
     config = copy.deepcopy(config)
     named: list[tuple[dict[str, Any], str]] = []
     for cloud in (config.get("clouds") or {}).values():
-        tls = (cloud.get("peer") or {}).get("tls") if isinstance(cloud, dict) else None
-        if isinstance(tls, dict):
-            named += [(tls, "cert"), (tls, "key")]
+        if not isinstance(cloud, dict):
+            continue
+        listeners = [cloud.get("peer") or {}, *(cloud.get("frontends") or [])]
+        for tls in (item.get("tls") for item in listeners if isinstance(item, dict)):
+            if isinstance(tls, dict):
+                named += [(tls, "cert"), (tls, "key")]
+        proxy = cloud.get("proxy")
+        if isinstance(proxy, dict):
+            named += [(proxy, key) for key in ("ca", "ca_key") if key in proxy]
     peers = (config.get("settings") or {}).get("peers")
     if isinstance(peers, dict) and peers.get("ca"):
         named.append((peers, "ca"))

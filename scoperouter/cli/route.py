@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 from scoperouter.catalog import DEFAULT_PORTS
 from scoperouter.cli.common import load
 from scoperouter.errors import Reject
+from scoperouter.merge import ListPlan
 from scoperouter.routing import (
     AUTH_TOKEN,
     SUBJECT_TOKEN,
@@ -195,7 +196,8 @@ def render_decision(
     return "\n".join(lines)
 
 
-_FANOUT = "each cloud's list at once, merged; reads of a list only"
+_FANOUT = "each cloud's list at once, merged"
+_FIND = "each cloud asked at once; the one that has it answers, 404 if none, 409 if several"
 _FAILOVER = (
     "tried in order: the next after a connection error, a 5xx or a timeout; a cloud the "
     "router marks down is skipped"
@@ -215,12 +217,16 @@ def _render_combined(
     lines = [
         f"request:  {request} ({facts.mode} mode, router of {cloud})",
         f"service:  {decision.service_type}",
-        f"decision: {kind} {decision.expression} ("
-        + (_FANOUT if isinstance(decision, FanOut) else _FAILOVER)
-        + ")",
+        f"decision: {kind} {decision.expression} (" + _describe(decision) + ")",
     ]
     lines += _combined_lines(decision, None, "  ")
     return "\n".join(lines)
+
+
+def _describe(decision: Combined) -> str:
+    if not isinstance(decision, FanOut):
+        return _FAILOVER
+    return _FANOUT if isinstance(decision.plan, ListPlan) else _FIND
 
 
 def _steps(

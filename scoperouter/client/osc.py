@@ -72,7 +72,8 @@ def build_option_parser(parser: Any) -> Any:
         default=os.environ.get(SCOPE_ENV),
         help='Scope for every request, e.g. \'{"image": "CloudTwo"}\': which cloud of the '
         "federation serves each service type. A value may name several clouds: "
-        '"A & B" uses every one (reads of a list, merged), "A | B" the first that works; '
+        '"A & B" uses every one (reads: lists merged, one resource by id from the cloud '
+        'that has it), "A | B" the first that works; '
         "& binds tighter than |, parentheses group (env: OS_SCOPE; per service: "
         "OS_SCOPE_IMAGE=...). Services it does not name are served by the cloud of "
         "--os-region-name; identity must stay the credentials' cloud.",

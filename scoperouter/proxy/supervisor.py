@@ -45,6 +45,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from scoperouter.catalog import Catalog
 from scoperouter.config import parse_catalog, read_config
 from scoperouter.errors import ConfigError
+from scoperouter.proxy.forward.intercept import signing_ca
 from scoperouter.router.listeners import listener_signature, listeners_for
 
 logger = logging.getLogger("scoperouter")
@@ -177,6 +178,8 @@ class Supervisor:
             known = ", ".join(sorted(catalog.clouds))
             cloud = self.options.cloud
             raise ConfigError(path, f"cloud {cloud!r} is not defined (clouds: {known})")
+        # The forward proxy's CA, read as a worker will (its key mode 0600, else no start)
+        signing_ca(catalog, self.options.cloud, path)
         return catalog, text
 
     def _commit(self, text: str) -> None:

@@ -7,7 +7,8 @@ an ``httpx.AsyncClient``), so this module opens no connection of
 its own and knows nothing of mitmproxy or httptools.
 
 * A fan-out sends one request per cloud at once, each with its own timeout, and merges the
-  answers with :func:`scoperouter.merge.merge_list`.
+  answers with :func:`scoperouter.merge.merge_list` (a list), or answers with the one cloud
+  that has the resource, :func:`scoperouter.merge.find_one` (a read by id).
 * A failover tries the candidates in order (:mod:`scoperouter.failover` says when to move on),
   skipping those the engine's peer health marks down (`is_down`), and tells the engine each
   attempt's outcome (`report`) so that its circuit breaker learns from it.
@@ -16,8 +17,9 @@ The router plugs in its own parts (:mod:`scoperouter.router.combined`): the work
 pool as the send function, its circuit breaker (:mod:`scoperouter.router.health`) as `is_down`
 and `report`; this module imports none of them.
 
-Bodies are buffered: ``&`` reads lists, and a ``|`` request with a body needs it again for the
-next candidate. Large transfers (images) keep the engine's streaming path with one cloud.
+Bodies are buffered: ``&`` reads lists and single resources, and a ``|`` request with a body
+needs it again for the next candidate. Large transfers (images) keep the engine's streaming
+path with one cloud.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from scoperouter.failover import (
     exhausted_message,
     moves_on,
 )
-from scoperouter.merge import CloudAnswer, CloudFailure, merge_list
+from scoperouter.merge import CloudAnswer, CloudFailure, ListPlan, find_one, merge_list
 from scoperouter.routing import Failover, FanOut, Forward
 from scoperouter.semantics import HOP_BY_HOP
 
@@ -130,10 +132,16 @@ class _Runner:
         results = await asyncio.gather(
             *(self._part(parts[label], plan.query_for(label)) for label in asked)
         )
-        merged = merge_list(plan, dict(zip(asked, results, strict=True)), self.base_url)
+        answers = dict(zip(asked, results, strict=True))
+        if isinstance(plan, ListPlan):
+            merged = merge_list(plan, answers, self.base_url)
+        else:
+            merged = find_one(plan, answers)
         return Reply(merged.status, _lower(merged.headers), merged.body)
 
-    async def _part(self, part: Forward | Failover, query: str) -> CloudAnswer | CloudFailure:
+    async def _part(
+        self, part: Forward | Failover, query: str | None
+    ) -> CloudAnswer | CloudFailure:
         if isinstance(part, Failover):
             reply = await self.failover(part, query)
             return CloudAnswer(reply.status, reply.headers, reply.body)

@@ -22,6 +22,7 @@ class Listener:
     host: str
     port: int
     frontend: Frontend | None = None  # a frontend and the peer link (its address); not forward
+    ca: tuple[str, str] | None = None  # the forward proxy's: proxy.ca and proxy.ca_key
 
     @property
     def address(self) -> str:
@@ -45,7 +46,10 @@ def listeners_for(catalog: Catalog, cloud: str) -> tuple[Listener, ...]:
     ]
     if spec.proxy_listen is not None:
         host, port = spec.proxy_listen
-        found.append(Listener("forward", host, port))
+        ca = None
+        if spec.proxy_ca is not None and spec.proxy_ca_key is not None:
+            ca = (spec.proxy_ca, spec.proxy_ca_key)
+        found.append(Listener("forward", host, port, ca=ca))
     if spec.peer is not None:
         link = spec.peer
         found.append(Listener("peer", link.listen_host, link.listen_port, link))
@@ -55,13 +59,14 @@ def listeners_for(catalog: Catalog, cloud: str) -> tuple[Listener, ...]:
 def listener_signature(
     listeners: tuple[Listener, ...],
 ) -> tuple[tuple[str, str, str | None, str | None], ...]:
-    """What a reload cannot change without a restart: addresses and certificate files."""
+    """What a reload cannot change without a restart: addresses and certificate files (the
+    forward proxy's CA among them)."""
     return tuple(
         (
             item.kind,
             item.address if item.frontend is None else f"{item.address} {item.frontend.url}",
-            item.frontend.cert if item.frontend else None,
-            item.frontend.key if item.frontend else None,
+            item.frontend.cert if item.frontend else item.ca and item.ca[0],
+            item.frontend.key if item.frontend else item.ca and item.ca[1],
         )
         for item in listeners
     )

@@ -42,6 +42,8 @@ OPERATOR_SECRETS = {
     "scoperouter-router-credentials": {"clouds.yaml", "secure.yaml"},
     # the router's peer link: its certificate and key, and the federation's CA
     "scoperouter-peer-tls": {"tls.crt", "tls.key", "ca.crt"},
+    # the forward proxy's interception CA (optional)
+    "scoperouter-proxy-ca": {"ca.crt", "ca.key"},
     "scoperouter-broker-auth": {"username", "password"},
     "scoperouter-broker-secrets": {"database-url", "secret-keys"},
     "scoperouter-broker-clouds": {"clouds.yaml", "secure.yaml"},
@@ -398,6 +400,42 @@ def test_router_config_is_valid_and_listens_where_probes_reach(
     for listen in listeners:
         host, port = listen.rsplit(":", 1)
         assert host == "0.0.0.0" and int(port) in ports, listen
+
+
+@pytest.mark.parametrize("overlay", ROUTER_OVERLAYS)
+def test_the_proxy_ca_key_reaches_the_router_readable_by_its_user_alone(
+    overlay: str, tmp_path: Path
+) -> None:
+    """The interception CA's Secret (files root's, mode 0440) is copied by the pod's
+    initContainer, as the router's user, into a memory emptyDir the router mounts: the key
+    mode 0600, which the router requires (its initContainer's script run here on copies)."""
+    deployment, container = _router(overlay)
+    spec = deployment["spec"]["template"]["spec"]
+    [init] = [c for c in spec.get("initContainers", []) if c["name"] == "proxy-ca"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
+    assert volumes["proxy-ca-secret"]["secret"]["secretName"] == "scoperouter-proxy-ca"
+    assert volumes["proxy-ca-secret"]["secret"]["optional"] is True
+    assert volumes["proxy-ca"]["emptyDir"]["medium"] == "Memory"
+    shared = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert shared["proxy-ca"] == mounts["proxy-ca"] == "/etc/scoperouter/proxy-ca"
+    script = init["command"][-1]
+    secret, copied = tmp_path / "secret", tmp_path / "copied"
+    secret.mkdir()
+    copied.mkdir()
+    script = script.replace(mounts["proxy-ca-secret"], str(secret))
+    script = script.replace(mounts["proxy-ca"], str(copied))
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    assert not list(copied.iterdir())  # no Secret: nothing (interception off)
+    ca = pki.make_ca(tmp_path, "proxy-ca")
+    for path, name in ((ca[0], "ca.crt"), (ca[1], "ca.key")):
+        (secret / name).write_bytes(path.read_bytes())
+        (secret / name).chmod(0o440)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    assert (copied / "ca.key").stat().st_mode & 0o777 == 0o600
+    assert pki.load_signing_ca(copied / "ca.crt", copied / "ca.key").cert == (
+        pki.load_signing_ca(*ca).cert
+    )
 
 
 def test_broker_runs_replicas_on_postgresql_after_its_migration_job() -> None:

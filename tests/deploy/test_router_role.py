@@ -1,7 +1,8 @@
 """playbooks/roles/scoperouter applied for real to this machine (ansible_connection=local),
 in its plain mode (PID 1 here is not systemd): the router it installs, configures and starts
-routes a request; a second run changes nothing; --check --diff works; a config override
-restarts the router; secrets stay out of the output; the rendered unit passes
+routes a request; its forward proxy intercepts TLS with the CA the role wrote (the key mode
+0600, the router's user's); a second run changes nothing; --check --diff works; a config
+override restarts the router; secrets stay out of the output; the rendered unit passes
 `systemd-analyze verify`.
 
 Slow (a virtualenv with scoperouter's dependencies is built, ~1-2 minutes) and root-only (a
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import threading
 import urllib.request
@@ -26,7 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
-from scoperouter import __version__
+from scoperouter import __version__, pki
 from tests.deploy.ansible import (
     Deployment,
     changed,
@@ -61,6 +63,7 @@ class _Echo(BaseHTTPRequestHandler):
 @dataclass
 class RouterDeployment(Deployment):
     front_port: int = 0
+    proxy_port: int = 0
 
     def get(self, path: str) -> dict[str, Any]:
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -76,13 +79,20 @@ def deployment() -> Iterator[RouterDeployment]:
     backend = ThreadingHTTPServer((BACK_HOST, 0), _Echo)
     threading.Thread(target=backend.serve_forever, daemon=True).start()
     wheels = wheelhouse(base)
-    front_port = free_port(FRONT_HOST)
+    front_port, proxy_port = free_port(FRONT_HOST), free_port(FRONT_HOST)
     front = f"http://{FRONT_HOST}:{front_port}"
+    etc = base / "etc"
+    proxy_ca, proxy_ca_key = pki.new_ca("TestOne forward proxy CA")
     federation = {
         "version": 1,
         "clouds": {
             "TestOne": {
                 "frontends": [{"url": front}],
+                "proxy": {
+                    "listen": f"{FRONT_HOST}:{proxy_port}",
+                    "ca": str(etc / "proxy-ca.crt"),
+                    "ca_key": str(etc / "proxy-ca.key"),
+                },
                 "services": {
                     "image": {
                         "public": {
@@ -110,6 +120,8 @@ def deployment() -> Iterator[RouterDeployment]:
         "scoperouter_secure": {
             "router-at-elsewhere": {"auth": {"application_credential_secret": SECRET}}
         },
+        "scoperouter_proxy_ca": proxy_ca.decode(),
+        "scoperouter_proxy_ca_key": proxy_ca_key.decode(),
     }
     inventory = base / "inventory.yml"
     inventory.write_text(
@@ -122,6 +134,7 @@ def deployment() -> Iterator[RouterDeployment]:
         "scoperouter-testone",
         "scoperouter_federation_overrides",
         front_port,
+        proxy_port,
     )
     try:
         yield deployment
@@ -146,6 +159,16 @@ def test_first_run_installs_configures_and_starts_a_working_router(
     assert SECRET in secure.read_text()
     assert (etc / "clouds.yaml").stat().st_mode & 0o777 == 0o600
     assert SECRET not in (etc / "clouds.yaml").read_text()
+    # the forward proxy's CA: its key the router's user's alone (else the router would not
+    # have started), never in the output; a CONNECT to the catalog's frontend is intercepted
+    key = etc / "proxy-ca.key"
+    assert key.stat().st_mode & 0o777 == 0o600 and key.owner() == "scoperouter"
+    assert key.read_text().splitlines()[1] not in output
+    assert (etc / "proxy-ca.crt").stat().st_mode & 0o777 == 0o644
+    target = f"{FRONT_HOST}:{deployment.front_port}".encode()
+    with socket.create_connection((FRONT_HOST, deployment.proxy_port), timeout=30) as conn:
+        conn.sendall(b"CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (target, target))
+        assert conn.recv(4096).startswith(b"HTTP/1.1 200 ")
     status = subprocess.run([str(deployment.ctl), "status"], capture_output=True, text=True)
     assert status.returncode == 0 and "running" in status.stdout
     # the router runs as the service user, with the unit's very command

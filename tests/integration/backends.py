@@ -1,9 +1,10 @@
 """Small HTTP servers that stand in for OpenStack services in the integration tests and benches.
 
-* :class:`EchoBackend` answers every request with a JSON description of what it received
-  (backend name, method, path, headers, body length and sha256), reading request bodies as a
-  stream so a 100 MB upload costs no memory. ``GET <prefix>/blob/<n>`` answers ``n``
-  deterministic bytes (:func:`blob_sha256` gives their hash), written as a stream;
+* :class:`EchoBackend` answers every request (HTTP, or HTTPS with a certificate) with a JSON
+  description of what it received (backend name, method, path, headers, body length and
+  sha256), reading request bodies as a stream so a 100 MB upload costs no memory.
+  ``GET <prefix>/blob/<n>`` answers ``n`` deterministic bytes (:func:`blob_sha256` gives
+  their hash), written as a stream;
   ``<prefix>/sleep/<seconds>`` answers after that long (at most 30 s).
 * :class:`SilentServer` accepts connections and never answers (a hung upstream: 504).
 * :class:`RawServer` answers every connection with fixed bytes (an invalid upstream: 502).
@@ -27,6 +28,7 @@ import ipaddress
 import json
 import signal
 import socket
+import ssl
 import threading
 import time
 from collections import deque
@@ -161,19 +163,31 @@ class _EchoServer(http.server.ThreadingHTTPServer):
 
 
 class EchoBackend:
-    """A threaded HTTP/1.1 echo service on a loopback address (port 0: any free port)."""
+    """A threaded HTTP/1.1 echo service on a loopback address (port 0: any free port); HTTPS
+    with `tls` (a server context: its certificate and key)."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, name: str = "backend") -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        name: str = "backend",
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         _check_loopback(host)
         self._server = _EchoServer((host, port), name)
+        if tls is not None:  # each connection's handshake in its own thread, on first read
+            self._server.socket = tls.wrap_socket(
+                self._server.socket, server_side=True, do_handshake_on_connect=False
+            )
         self._thread: threading.Thread | None = None
         self.host = host
         self.port: int = self._server.server_address[1]
         self.name = name
+        self.scheme = "http" if tls is None else "https"
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
     @property
     def seen(self) -> deque[dict[str, Any]]:
@@ -283,6 +297,13 @@ class _ListHandler(http.server.BaseHTTPRequestHandler):
             (self.command, self.path, {k.lower(): v for k, v in self.headers.items()})
         )
         ids = self.server.ids
+        one = url.path.rstrip("/").removeprefix("/v2/images/")
+        if one != url.path.rstrip("/"):  # GET /v2/images/<id>: glance's image, or 404
+            if one in ids or one in self.server.extra:
+                self._send(200, {"id": one, "name": f"image {one}", "owner": self.server.name})
+            else:
+                self._send(404, {"code": 404, "title": "Not Found", "message": f"No image {one}"})
+            return
         start = ids.index(query["marker"]) + 1 if "marker" in query else 0
         size = min(int(query.get("limit", self.server.cap)), self.server.cap)
         page = ids[start : start + size]
@@ -312,14 +333,17 @@ class _ListHandler(http.server.BaseHTTPRequestHandler):
 
 class ListServer(http.server.ThreadingHTTPServer):
     """A glance-like image list (``GET /v2/images`` with ``limit``/``marker`` paging, at most
-    `cap` a page, a ``next`` link) of `ids`; ``POST``/``DELETE`` answer 201 naming it. What it
-    received is in ``seen``."""
+    `cap` a page, a ``next`` link) of `ids`, each image also by id (``GET /v2/images/<id>``,
+    404 for another id; `extra` ids are found by id but not listed); ``POST``/``DELETE``
+    answer 201 naming it. What it received is in ``seen``."""
 
     daemon_threads = True
 
-    def __init__(self, host: str, name: str, ids: list[str], cap: int) -> None:
+    def __init__(
+        self, host: str, name: str, ids: list[str], cap: int, extra: tuple[str, ...] = ()
+    ) -> None:
         super().__init__((host, 0), _ListHandler)
-        self.host, self.name, self.ids, self.cap = host, name, ids, cap
+        self.host, self.name, self.ids, self.cap, self.extra = host, name, ids, cap, extra
         self.seen: list[tuple[str, str, dict[str, str]]] = []
 
     @property

@@ -1,4 +1,5 @@
-"""``A & B`` and ``A | B`` through real routers (each data path; the forward proxy too).
+"""``A & B`` and ``A | B`` through real routers (each data path; the forward proxy too): a
+merged list, one resource found in the cloud that has it, failover.
 
     CloudOne   router 127.0.0.41 (image frontend, forward proxy)  ->  list backend 127.0.1.41
     CloudTwo   router 127.0.0.42 (image frontend)                 ->  list backend 127.0.1.42
@@ -40,6 +41,7 @@ pytestmark = pytest.mark.integration
 PEER_TIMEOUT = 2.0
 IDS = {"CloudOne": [f"one-{n}" for n in range(7)], "CloudTwo": [f"two-{n}" for n in range(5)]}
 CAPS = {"CloudOne": 4, "CloudTwo": 3}  # each list's own page maximum
+SHARED = "in-both"  # an image id both clouds have (found by id, not listed)
 
 
 @dataclass
@@ -68,8 +70,12 @@ class Setup:
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     tmp = tmp_path_factory.mktemp("combined")
     lists = {
-        "CloudOne": ListServer("127.0.1.41", "CloudOne", IDS["CloudOne"], CAPS["CloudOne"]),
-        "CloudTwo": ListServer("127.0.1.42", "CloudTwo", IDS["CloudTwo"], CAPS["CloudTwo"]),
+        "CloudOne": ListServer(
+            "127.0.1.41", "CloudOne", IDS["CloudOne"], CAPS["CloudOne"], extra=(SHARED,)
+        ),
+        "CloudTwo": ListServer(
+            "127.0.1.42", "CloudTwo", IDS["CloudTwo"], CAPS["CloudTwo"], extra=(SHARED,)
+        ),
     }
     for server in lists.values():
         server.start()
@@ -178,13 +184,61 @@ def test_a_refusing_cloud_fails_the_merge_naming_it_unless_partial(setup: Setup)
     assert [i["id"] for i in reply.json()["images"]] == IDS["CloudOne"][:3]
 
 
+def test_one_resource_with_and_is_answered_by_the_cloud_that_has_it(setup: Setup) -> None:
+    for image, cloud in (("two-3", "CloudTwo"), ("one-1", "CloudOne")):
+        asked = {name: len(server.seen) for name, server in setup.lists.items()}
+        reply = setup.get("CloudOne & CloudTwo", f"/v2/images/{image}")
+        assert reply.status == 200, reply.body
+        body = reply.json()
+        # glance's own answer, marked with its cloud like a merged list's items
+        assert (body["id"], body["owner"], body[ORIGIN_KEY]) == (image, cloud, cloud)
+        assert reply.headers["x-scope-cloud"] == cloud
+        # every cloud was asked, each its own request for that image
+        for name, server in setup.lists.items():
+            assert server.seen[asked[name] :][0][:2] == ("GET", f"/v2/images/{image}"), name
+        entry = access_of(setup.routers["CloudOne"], reply.headers["x-scope-request-id"])
+        assert entry["decision"] == "fanout" and entry["status"] == 200
+        assert entry["tried"] == (
+            "CloudOne: 200; CloudTwo: 404"
+            if cloud == "CloudOne"
+            else "CloudOne: 404; CloudTwo: 200"
+        )
+    reply = setup.get("CloudOne & CloudTwo", "/v2/images/nowhere")
+    assert reply.status == 404, reply.body
+    assert "not found in CloudOne or CloudTwo" in reply.error_message()
+    reply = setup.get("CloudOne & CloudTwo", f"/v2/images/{SHARED}")
+    assert reply.status == 409, reply.body
+    assert "in more than one cloud (CloudOne, CloudTwo)" in reply.error_message()
+
+
+def test_one_resource_with_a_failing_cloud_fails_naming_it_unless_partial(setup: Setup) -> None:
+    reply = setup.get("CloudGone & CloudOne", "/v2/images/one-2")
+    assert reply.status == 502, reply.body
+    message = reply.error_message()
+    assert "CloudGone" in message and "X-Scope-Partial: allow" in message, message
+    reply = setup.get("CloudGone & CloudOne", "/v2/images/one-2", **{"X-Scope-Partial": "allow"})
+    assert reply.status == 200, reply.body
+    assert reply.json()[ORIGIN_KEY] == "CloudOne"
+    assert reply.headers["x-scope-missing"] == "CloudGone"
+
+
+def test_the_forward_proxy_finds_one_resource_too(setup: Setup) -> None:
+    scope = json.dumps({"image": "CloudTwo & CloudOne"})
+    headers = token_headers("secret-token", scope)
+    reply = request("GET", setup.image + "/v2/images/one-4", headers, proxy=setup.proxy)
+    assert reply.status == 200, reply.body
+    assert reply.json()[ORIGIN_KEY] == "CloudOne" == reply.headers["x-scope-cloud"]
+    reply = request("GET", setup.image + "/v2/images/nowhere", headers, proxy=setup.proxy)
+    assert reply.status == 404 and "not found in CloudTwo or CloudOne" in reply.error_message()
+
+
 def test_writes_with_and_are_refused_before_any_cloud(setup: Setup) -> None:
     before = {name: len(server.seen) for name, server in setup.lists.items()}
     scope = json.dumps({"image": "CloudOne & CloudTwo"})
     reply = request(
         "POST", setup.image + "/v2/images", token_headers("t", scope), body=b'{"name": "x"}'
     )
-    assert reply.status == 400 and "only merges reads of a list" in reply.error_message()
+    assert reply.status == 400 and "'&' only reads" in reply.error_message()
     assert {name: len(server.seen) for name, server in setup.lists.items()} == before
 
 

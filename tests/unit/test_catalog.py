@@ -198,6 +198,26 @@ def _error(mutate: Any) -> ConfigError:
             "f.yaml: clouds.CloudOne.metrics.listen",
             "is not HOST:PORT",
         ),
+        (  # the forward proxy's CA: its key with it, files that exist; metrics has neither
+            lambda d: d["clouds"]["CloudOne"]["proxy"].update(ca=SAMPLE.name),
+            "f.yaml: clouds.CloudOne.proxy.ca_key",
+            "required with ca (TLS interception)",
+        ),
+        (
+            lambda d: d["clouds"]["CloudOne"]["proxy"].update(ca_key=SAMPLE.name),
+            "f.yaml: clouds.CloudOne.proxy.ca",
+            "required with ca_key",
+        ),
+        (
+            lambda d: d["clouds"]["CloudOne"]["proxy"].update(ca="", ca_key="k"),
+            "f.yaml: clouds.CloudOne.proxy.ca",
+            "expected a file path",
+        ),
+        (
+            lambda d: d["clouds"]["CloudOne"].update(metrics={"listen": "x:1", "ca": "c"}),
+            "f.yaml: clouds.CloudOne.metrics.ca",
+            "unknown key",
+        ),
     ],
 )
 def test_config_errors_say_where(mutate: Any, location: str, fragment: str) -> None:
@@ -393,3 +413,21 @@ def _is_json(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def test_the_forward_proxys_ca_and_where_the_catalog_publishes(catalog: Catalog) -> None:
+    data = sample()
+    data["clouds"]["CloudOne"]["proxy"].update(ca=str(SAMPLE), ca_key=str(SAMPLE))
+    loaded = build_catalog(data, source="f.yaml")
+    one = loaded.clouds["CloudOne"]
+    assert (one.proxy_ca, one.proxy_ca_key) == (str(SAMPLE), str(SAMPLE))
+    assert catalog.clouds["CloudOne"].proxy_ca is None
+    # Another router's host need not have them: only CloudOne's router reads them.
+    data["clouds"]["CloudOne"]["proxy"].update(ca="proxy-ca.crt", ca_key="/nowhere/ca.key")
+    one = build_catalog(data, source="f.yaml", base_dir=Path("/etc/r")).clouds["CloudOne"]
+    assert (one.proxy_ca, one.proxy_ca_key) == ("/etc/r/proxy-ca.crt", "/nowhere/ca.key")
+    # endpoint URLs (the routers' frontends) and backends, of every cloud; nothing else
+    assert catalog.published("127.0.0.2", 9292) and catalog.published("127.0.1.3", 9292)
+    assert catalog.published("127.0.0.2".upper(), 5000)
+    assert not catalog.published("127.0.0.2", 3128)  # the forward proxy itself
+    assert not catalog.published("127.0.0.9", 9292)

@@ -11,11 +11,14 @@ import pytest
 import yaml
 
 from scoperouter.catalog_import import (
+    FRONTEND_CERT,
+    FRONTEND_KEY,
     PEER_CA,
     PEER_CERT,
     PEER_KEY,
     CloudEndpoints,
     PeerLinks,
+    TlsFiles,
     import_catalog,
     import_request,
     router_url,
@@ -377,3 +380,102 @@ def test_cli_refuses_peer_links_for_some_clouds_only(tmp_path: Path, capsys):
     assert "CloudOne's router in plain HTTP" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["import-catalog", str(request), "--peer-port", "70000"])
+
+
+def test_https_frontends_get_the_certificate_their_routers_host_has():
+    one = import_catalog(_clouds())["clouds"]["CloudOne"]
+    tls = {"cert": FRONTEND_CERT, "key": FRONTEND_KEY}
+    assert one["frontends"][1] == {"url": "https://10.0.1.6:8774", "tls": tls}
+    assert all("tls" not in f for f in one["frontends"] if f["url"].startswith("http:"))
+    files = TlsFiles(frontend_cert="/pki/{slug}-front.crt", frontend_key="/pki/{cloud}.key")
+    one = import_catalog(_clouds(), tls=files)["clouds"]["CloudOne"]
+    assert one["frontends"][1]["tls"] == {
+        "cert": "/pki/cloudone-front.crt",
+        "key": "/pki/CloudOne.key",
+    }
+    own = dataclasses.replace(_clouds()[0], router_tls={"cert": "/c.crt", "key": "/c.key"})
+    one = import_catalog([own], tls=files)["clouds"]["CloudOne"]
+    assert one["frontends"][1]["tls"] == {"cert": "/c.crt", "key": "/c.key"}
+
+
+def test_the_router_as_the_internal_endpoint_on_an_address_of_its_own():
+    """kolla's TLS-internal way: internal URLs on the router's internal address (its own
+    https frontends), public ones on its public address; the peer link on router.host."""
+    rows = [
+        {"service_type": "image", "interface": "public", "url": "https://203.0.113.5:9292"},
+        {"service_type": "image", "interface": "internal", "url": "https://10.0.0.5:9292"},
+    ]
+    cloud = CloudEndpoints(
+        name="CloudOne",
+        region="CloudOne",
+        endpoints=rows,
+        router_host="203.0.113.10",
+        router_hosts={"internal": "10.0.0.10"},
+    )
+    config = import_catalog([cloud], peers=PeerLinks(port=9443))
+    one = config["clouds"]["CloudOne"]
+    assert one["services"]["image"] == {
+        "internal": {"url": "https://10.0.0.10:9292", "backend": "https://10.0.0.5:9292"},
+        "public": {"url": "https://203.0.113.10:9292", "backend": "https://203.0.113.5:9292"},
+    }
+    assert [f["url"] for f in one["frontends"]] == [
+        "https://10.0.0.10:9292",
+        "https://203.0.113.10:9292",
+    ]
+    assert one["peer"]["url"] == "https://203.0.113.10:9443"
+
+
+def test_forward_proxies_intercept_tls_with_their_clouds_ca_when_asked():
+    assert "ca" not in import_catalog(_clouds())["clouds"]["CloudOne"]["proxy"]
+    files = TlsFiles(proxy_ca="/pki/{slug}-proxy-ca.crt", proxy_ca_key="/pki/{slug}-proxy-ca.key")
+    config = import_catalog(_clouds(), tls=files)
+    assert config["clouds"]["CloudOne"]["proxy"] == {
+        "listen": "10.0.1.6:3128",
+        "ca": "/pki/cloudone-proxy-ca.crt",
+        "ca_key": "/pki/cloudone-proxy-ca.key",
+    }
+    assert "proxy" not in config["clouds"]["CloudTwo"]  # no forward proxy: nothing to intercept
+    own = dataclasses.replace(_clouds()[0], proxy_ca={"ca": "/a.crt", "ca_key": "/a.key"})
+    proxy = import_catalog([own], tls=files)["clouds"]["CloudOne"]["proxy"]
+    assert (proxy["ca"], proxy["ca_key"]) == ("/a.crt", "/a.key")
+
+
+@pytest.mark.parametrize(
+    ("change", "where"),
+    [
+        ({"router": {"host": "h", "hosts": {"private": "x"}}}, "clouds.CloudOne.router.hosts"),
+        ({"router": {"host": "h", "tls": {"cert": "c"}}}, "clouds.CloudOne.router.tls"),
+        ({"proxy": {"listen": "h:1", "ca": "c"}}, "clouds.CloudOne.proxy"),
+    ],
+)
+def test_bad_tls_requests_name_the_key(change, where):
+    spec = {"router": {"host": "10.0.1.6"}, "endpoints": ONE_ROWS[:3], **change}
+    with pytest.raises(ConfigError) as err:
+        import_request({"clouds": {"CloudOne": spec}})
+    assert err.value.location == where
+
+
+def test_cli_tls_files_pass_check_config_once_made(tmp_path: Path, capsys):
+    """A TLS cloud through the CLI: the https frontends' and the proxy CA's files are named,
+    noted as not there yet, and check-config accepts the config once they are made."""
+    pki = tmp_path / "pki"
+    request = tmp_path / "in.yaml"
+    rows = [{"service_type": "image", "interface": "public", "url": "https://10.0.1.5:9292"}]
+    spec = {"router": {"host": "10.0.1.6"}, "proxy": {"listen": "10.0.1.6:3128"}, "endpoints": rows}
+    request.write_text(yaml.safe_dump({"clouds": {"CloudOne": spec}}))
+    out = tmp_path / "federation.yaml"
+    argv = ["import-catalog", str(request), "-o", str(out),
+            "--frontend-cert", f"{pki}/front.crt", "--frontend-key", f"{pki}/front.key",
+            "--proxy-ca", f"{pki}/proxy-ca.crt",
+            "--proxy-ca-key", f"{pki}/proxy-ca.key"]  # fmt: skip
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "not there yet" in err and f"{pki}/front.key" in err and f"{pki}/proxy-ca.key" in err
+    assert main(["pki", "ca", "--cert", f"{pki}/ca.crt", "--key", f"{pki}/ca.key"]) == 0
+    ca = ["--ca-cert", f"{pki}/ca.crt", "--ca-key", f"{pki}/ca.key"]
+    files = ["--cert", f"{pki}/front.crt", "--key", f"{pki}/front.key"]
+    assert main(["pki", "issue", *ca, *files, "10.0.1.6"]) == 0
+    assert main(["pki", "ca", "--cert", f"{pki}/proxy-ca.crt", "--key", f"{pki}/proxy-ca.key"]) == 0
+    capsys.readouterr()
+    assert main(["check-config", str(out), "--cloud", "CloudOne"]) == 0
+    assert f"intercepting TLS with {pki}/proxy-ca.crt" in capsys.readouterr().out

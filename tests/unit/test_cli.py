@@ -218,7 +218,7 @@ def test_route_refuses_a_write_with_and(capsys: pytest.CaptureFixture[str]) -> N
         capsys, "route", "--config", CFG, "--cloud", "CloudOne",
         "--scope", '{"image": "CloudOne & CloudTwo"}', "POST", "http://127.0.0.2:9292/v2/images",
     )  # fmt: skip
-    assert code == 1 and "decision: reject 400" in out and "only merges reads of a list" in out
+    assert code == 1 and "decision: reject 400" in out and "'&' only reads" in out
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))

@@ -17,6 +17,7 @@ from scoperouter.failover import (
     exhausted_message,
     moves_on,
 )
+from scoperouter.merge import ResourcePlan
 from scoperouter.routing import Failover, FanOut, Forward, RequestFacts, decide
 from scoperouter.scope import CloudName
 
@@ -82,16 +83,34 @@ def test_a_part_narrows_the_services_that_follow_its_service(catalog: Catalog) -
         assert isinstance(again, Forward) and again.cloud == label and not again.remote
 
 
-def test_and_on_a_write_or_a_single_resource_is_a_400(catalog: Catalog) -> None:
+def test_and_on_a_write_or_below_a_resource_is_a_400(catalog: Catalog) -> None:
     scope = '{"image": "CloudOne & CloudTwo"}'
     for method, path in (
         ("POST", "/v2/images"),
         ("DELETE", "/v2/images/x"),
-        ("GET", "/v2/images/x"),
+        ("PUT", "/v2/images/x/file"),
+        ("GET", "/v2/images/x/file"),  # image data: one cloud's transfer, streamed
     ):
         decision = decide(facts(scope, path, method), catalog, "CloudOne", combined=True)
         assert isinstance(decision, Reject) and decision.status == 400, decision
-        assert "only merges reads of a list" in decision.message
+        assert "'&' only reads, a list" in decision.message and path in decision.message
+
+
+def test_and_on_one_resource_asks_every_cloud_for_it_as_sent(catalog: Catalog) -> None:
+    f = facts('{"image": "CloudTwo & CloudOne"}', "/v2/images/abc?x=1")
+    decision = decide(f, catalog, "CloudOne", combined=True)
+    assert isinstance(decision, FanOut) and isinstance(decision.plan, ResourcePlan)
+    assert decision.plan.asked == ("CloudTwo", "CloudOne")
+    two, one = (part for _, part in decision.parts)
+    assert isinstance(two, Forward) and isinstance(one, Forward)
+    assert two.url == "http://127.0.0.3:9292/v2/images/abc?x=1" and two.remote
+    assert one.url == "http://127.0.1.2:9292/v2/images/abc?x=1" and not one.remote
+    assert json.loads(two.set_headers["x-scope"])["image"] == "CloudTwo"
+    assert decision.plan.query_for("CloudTwo") is None  # the request's own path and query
+    # A | B inside: a failover part, as in a merged list.
+    f = facts('{"image": "CloudOne & (CloudTwo | CloudOne)"}', "/v2/images/abc")
+    decision = decide(f, catalog, "CloudOne", combined=True)
+    assert isinstance(decision, FanOut) and isinstance(decision.parts[1][1], Failover)
 
 
 def test_or_is_a_failover_in_order_for_any_method(catalog: Catalog) -> None:

@@ -13,22 +13,25 @@ import inspect
 import json
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import mitmproxy
 import pytest
+from mitmproxy import connection, master, options, tls
 from mitmproxy import flow as mflow
-from mitmproxy import master, options
-from mitmproxy.addons import proxyserver
+from mitmproxy.addons import proxyserver, tlsconfig
 from mitmproxy.proxy import commands, events, mode_servers, server
 from mitmproxy.proxy import layers as proxy_layers
 from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers import http as http_layers
+from mitmproxy.proxy.layers import tls as tls_layers
 from mitmproxy.proxy.layers.http import _http1
 from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._events import RequestHeaders, RequestProtocolError
-from mitmproxy.test import tflow
+from mitmproxy.test import taddons, tflow
 
+from scoperouter import pki
 from scoperouter.catalog import Limits
 from scoperouter.proxy.forward import guard, mitm
 
@@ -349,6 +352,10 @@ def test_legacy_log_events_can_be_switched_off() -> None:
 def test_error_messages_the_router_recognises() -> None:
     assert f'f"{mitm.CLIENT_GONE}."' in inspect.getsource(_http1.Http1Connection.wait)
     assert mitm.CLIENT_PROTOCOL_ERROR in inspect.getsource(_http1.Http1Connection.read_body)
+    assert f'f"{mitm.TLS_VERIFY_FAILED}{{error}}"' in inspect.getsource(tls_layers)
+    assert mitm.upstream_reason(f"{mitm.TLS_VERIFY_FAILED}IP address mismatch") == (
+        "TLS certificate verification failed: IP address mismatch"
+    )
 
 
 def test_addon_manager_dispatch_the_fast_one_replaces() -> None:
@@ -437,3 +444,43 @@ def test_a_body_that_stops_arriving_is_answered_408(guarded: None) -> None:
     assert failed.code == 408
     assert any(isinstance(c, commands.CloseTcpConnection) for c in conn.commands)
     assert not conn.send(b"more" * 1000) and len(conn.layer.buf) == 0
+
+
+def test_tlsconfig_asks_get_cert_for_the_clients_certificate() -> None:
+    source = inspect.getsource(tlsconfig.TlsConfig.tls_start_client)
+    assert "entry = self.get_cert(tls_start.context)" in source
+    assert "crypto.PKey.from_cryptography_key(entry.privatekey)" in source
+
+
+def test_intercepted_handshakes_get_the_routers_certificate(tmp_path: Path) -> None:
+    ca = pki.load_signing_ca(*pki.make_ca(tmp_path, "proxy-ca"))
+    key = pki.new_key()
+
+    def certificate_for(host: str | None, port: int | None) -> Any:
+        if (host, port) != ("127.0.1.2", 9292):
+            return None
+        return pki.host_certificate(ca, key, host, 1)
+
+    addon = mitm.InterceptingTlsConfig(certificate_for, key)
+
+    def answered(address: tuple[str, int] | None) -> Any:
+        client = connection.Client(
+            peername=("127.0.0.1", 1234), sockname=("127.0.0.2", 3128), timestamp_start=0
+        )
+        context = Context(client, tctx.options)
+        context.server.address = address
+        data = tls.TlsData(client, context=context)
+        addon.tls_start_client(data)
+        assert data.ssl_conn is not None
+        return data.ssl_conn.get_certificate().to_cryptography()
+
+    with taddons.context(addon) as tctx:
+        tctx.configure(addon, confdir=str(tmp_path / "mitmproxy"))
+        ours = answered(("127.0.1.2", 9292))
+        assert ours.issuer == ca.cert.subject and pki.addresses_of(ours) == {"127.0.1.2"}
+        # Not a tunnel to a catalog destination: mitmproxy's own, from its CA nobody trusts.
+        for address in (None, ("127.0.1.9", 443)):
+            theirs = answered(address)
+            assert (
+                theirs.issuer != ca.cert.subject and "mitmproxy" in theirs.issuer.rfc4514_string()
+            )

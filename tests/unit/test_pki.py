@@ -150,3 +150,47 @@ def test_cli_makes_keeps_and_checks_without_printing_keys(
         body = secret.splitlines()[1]
         assert not any(body in text for text in printed)
     assert Path(key).stat().st_mode & 0o777 == 0o600
+
+
+def test_a_signing_ca_is_read_only_from_a_key_file_its_owner_alone_may_read(
+    tmp_path: Path,
+) -> None:
+    cert, key = _ca(tmp_path)
+    assert key.stat().st_mode & 0o777 == 0o600
+    ca = pki.load_signing_ca(cert, key)
+    assert "PRIVATE" not in repr(ca) and "scoperouter ca" in repr(ca)
+    key.chmod(0o400)
+    assert pki.load_signing_ca(cert, key).cert == ca.cert
+    for mode in (0o640, 0o604, 0o644, 0o660):
+        key.chmod(mode)
+        with pytest.raises(pki.PkiError) as info:
+            pki.load_signing_ca(cert, key)
+        assert str(info.value) == (
+            f"{key} is mode {mode:04o}: a private key must be readable by its owner only "
+            f"(chmod 600 {key})"
+        )
+    key.chmod(0o600)
+    leaf = pki.issue((cert, key), tmp_path, "leaf", ["10.0.0.1"])
+    with pytest.raises(pki.PkiError, match="not a CA's certificate"):
+        pki.load_signing_ca(*leaf)
+    other = tmp_path / "other.key"
+    other.write_bytes(pki.new_ca("other")[1])
+    other.chmod(0o600)
+    with pytest.raises(pki.PkiError, match="does not belong to the CA certificate"):
+        pki.load_signing_ca(cert, other)
+    with pytest.raises(pki.PkiError, match=r"cannot read .*missing\.key"):
+        pki.load_signing_ca(cert, tmp_path / "missing.key")
+
+
+def test_a_host_certificate_is_for_that_host_signed_by_the_ca(tmp_path: Path) -> None:
+    ca = pki.load_signing_ca(*_ca(tmp_path))
+    key = pki.new_key()
+    for host in ("127.0.1.2", "glance.internal.example"):
+        cert = pki.host_certificate(ca, key, host, 7)
+        cert.verify_directly_issued_by(ca.cert)
+        assert pki.addresses_of(cert) == {host}
+        constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+        assert not constraints.ca
+        assert cert.public_key() == key.public_key()
+        left = cert.not_valid_after_utc - datetime.datetime.now(datetime.UTC)
+        assert datetime.timedelta(days=6) < left <= datetime.timedelta(days=7)

@@ -14,7 +14,9 @@ order:
 * ``response``: the catalog region of a token validation, then :meth:`~Pipeline.done`;
 * ``error``: the failure worded by :meth:`~Pipeline.failed` (or the client's own fault: it
   went away, 499; its body was malformed, 400, or stopped, 408), then :meth:`~Pipeline.done`;
-* ``http_connect``: ``CONNECT`` is refused (403) and logged;
+* ``http_connect``: a ``CONNECT`` to a catalog destination is intercepted when the cloud has
+  ``proxy.ca`` (:func:`~scoperouter.routing.tunnel`; the requests inside come through the
+  hooks above, ``https`` URLs), anything else refused (403) and logged;
 * ``server_connect``: the connect timeout starts.
 
 Timeouts are checked by the worker's sweep (:meth:`ForwardAddon.sweep`).
@@ -44,7 +46,7 @@ from scoperouter.router.failures import (
 from scoperouter.router.pipeline import Pipeline, Plan
 from scoperouter.router.region import regioned
 from scoperouter.router.state import REQUEST_ID_HEADER, RequestState, new_state
-from scoperouter.routing import Combined, Failover, FanOut, RequestFacts
+from scoperouter.routing import Combined, Failover, FanOut, RequestFacts, tunnel
 from scoperouter.semantics import header_map
 
 logger = logging.getLogger("scoperouter")
@@ -57,10 +59,6 @@ STREAM_LIMIT = 1024 * 1024  # engine.BASE_OPTIONS["stream_large_bodies"]
 COMBINED_TOO_LARGE = (
     "a scope combining clouds ('&', '|') needs the request body whole: on this path at most "
     "1 MiB with a Content-Length; name one cloud for large or chunked uploads"
-)
-CONNECT_REFUSED = (
-    "CONNECT tunnels are not supported by the forward proxy of {cloud}: send plain http:// "
-    "requests through it, or call the https frontend directly"
 )
 
 
@@ -260,7 +258,7 @@ class ForwardAddon:
             reject = self.pipeline.failed(
                 entry.plan,
                 state.timed_out or _timed_out(flow.error.msg),
-                flow.error.msg,
+                mitm.upstream_reason(flow.error.msg),
                 connected=server.timestamp_tcp_setup is not None,
             )
             state.status, state.message = reject.status, reject.message
@@ -269,8 +267,10 @@ class ForwardAddon:
 
     def http_connect(self, flow: http.HTTPFlow) -> None:
         request = flow.request
+        reject = tunnel(request.host, request.port, self.config.current(), self.config.cloud)
+        if reject is None:
+            return  # intercepted: mitmproxy says 200, each request inside is a flow of its own
         state = new_state(request.method, f"{request.host}:{request.port}", {})
-        reject = Reject(403, CONNECT_REFUSED.format(cloud=self.config.cloud))
         state.decision = reject
         flow.response = _json_response(reject)
         self.pipeline.done(state, reject.status)

@@ -5,7 +5,8 @@ a proxied request. A plain HTTP forward proxy needs only:
 
 * ``Proxyserver`` - the listener, connection handling, the connection options;
 * ``NextLayer``  - picks the protocol layers (HTTP) for each connection;
-* ``TlsConfig``  - verification of HTTPS upstreams;
+* ``TlsConfig``  - verification of HTTPS upstreams; when the cloud has ``proxy.ca``, the
+  certificates of intercepted ``CONNECT`` tunnels (:mod:`~.intercept`);
 
 plus the router's :class:`~scoperouter.proxy.forward.addon.ForwardAddon`. Nothing is printed
 per flow by mitmproxy and no flow is stored. The worker (:mod:`scoperouter.proxy.worker`)
@@ -25,6 +26,7 @@ from mitmproxy.addons import next_layer, proxyserver, tlsconfig
 from scoperouter.catalog import Catalog, Settings
 from scoperouter.proxy.forward import guard, mitm
 from scoperouter.proxy.forward.addon import ForwardAddon
+from scoperouter.proxy.forward.intercept import Certificates, Interception, signing_ca
 from scoperouter.router.listeners import Listener
 from scoperouter.router.pipeline import Pipeline
 
@@ -37,7 +39,8 @@ BASE_OPTIONS = {
     "validate_inbound_headers": True,  # request smuggling protection: keep it on
     "http2": False,  # HTTP/1.1 only: every error response goes through mitm.render_error
     "http3": False,
-    "upstream_cert": False,
+    "upstream_cert": False,  # an intercepted host's certificate is made without asking it
+    "rawtcp": False,  # what is neither TLS nor HTTP in a tunnel is refused, never passed on
 }
 
 
@@ -77,9 +80,17 @@ class ForwardProxy:
         mitm.quiet_master(self.master)
         mitm.fast_hooks(self.master)
         self.proxyserver = proxyserver.Proxyserver()
-        self.master.addons.add(
-            self.proxyserver, next_layer.NextLayer(), tlsconfig.TlsConfig(), self.addon
-        )
+        self.interception: Interception | None = None
+        config = pipeline.config
+        catalog = config.current()
+        ca = signing_ca(catalog, config.cloud, config.source or config.path)
+        tls: tlsconfig.TlsConfig = tlsconfig.TlsConfig()
+        if ca is not None:  # CONNECT to catalog destinations: TLS intercepted
+            certificates = Certificates(ca)
+            self.interception = Interception(certificates, catalog, config.cloud)
+            config.subscribe(self.interception.configure)
+            tls = mitm.InterceptingTlsConfig(self.interception.certificate, certificates.key)
+        self.master.addons.add(self.proxyserver, next_layer.NextLayer(), tls, self.addon)
         # mitmproxy's CA (TlsConfig needs one) lives and dies in workdir, never in ~/.mitmproxy.
         self.options.update(confdir=str(workdir))
         settings = pipeline.config.current().settings

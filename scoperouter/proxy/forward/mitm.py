@@ -51,7 +51,19 @@ the installed mitmproxy, so an upgrade that changes one fails loudly there, not 
    hooks that exist (found once per event name, found again when addons change), with the same
    error isolation (``safecall``) and ``AddonHalt``.
 6. **Messages** mitmproxy puts in ``flow.error`` (:func:`client_went_away`,
-   :func:`client_protocol_error`): how the router tells the client's faults from upstream ones.
+   :func:`client_protocol_error`): how the router tells the client's faults from upstream ones;
+   a failed certificate check upstream, worded as the reverse path words it
+   (:func:`upstream_reason`).
+7. **Intercepted TLS** (:class:`InterceptingTlsConfig`). mitmproxy's ``TlsConfig`` addon makes
+   the certificate a client's handshake is answered with in ``get_cert`` (from its own CA in
+   ``confdir``, whose key it also uses as every certificate's key, in a cache of 100 entries
+   evicted first in, first out). The router's subclass answers with its own
+   (:mod:`~scoperouter.proxy.forward.intercept`: the cloud's ``proxy.ca``, a key of the
+   worker's, an LRU, catalog hosts only); a handshake that is not in a tunnel to a catalog
+   destination (TLS sent to the proxy itself, or a destination a reload removed) gets
+   mitmproxy's own, from the CA it made in the worker's private directory, which nobody
+   trusts (as without interception). Everything else (ciphers, ALPN, the upstream side)
+   stays mitmproxy's.
 """
 
 from __future__ import annotations
@@ -66,8 +78,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mitmproxy import addonmanager, ctx, exceptions, hooks, http
+from cryptography import x509
+from mitmproxy import addonmanager, certs, ctx, exceptions, hooks, http
 from mitmproxy import flow as mflow
+from mitmproxy.addons import tlsconfig
 from mitmproxy.connection import Client, Server
 from mitmproxy.master import Master
 from mitmproxy.proxy import layers as proxy_layers
@@ -321,6 +335,18 @@ def body_failure(flow: http.HTTPFlow) -> tuple[int, str] | None:
     return int(status), message
 
 
+TLS_VERIFY_FAILED = "Certificate verify failed: "  # proxy.layers.tls: an upstream's check
+
+
+def upstream_reason(message: str) -> str:
+    """mitmproxy's words for an upstream's failure, in the HTTP layer's where they differ: a
+    failed certificate check says so as the reverse path does (``TLS certificate verification
+    failed: <why>``)."""
+    if message.startswith(TLS_VERIFY_FAILED):
+        return f"TLS certificate verification failed: {message.removeprefix(TLS_VERIFY_FAILED)}"
+    return message
+
+
 def client_protocol_error(flow: http.HTTPFlow) -> bool:
     """The client sent a malformed body (bad chunked framing...) before its request ended."""
     return (
@@ -328,3 +354,26 @@ def client_protocol_error(flow: http.HTTPFlow) -> bool:
         and flow.error.msg.startswith(CLIENT_PROTOCOL_ERROR)
         and flow.request.timestamp_end is None
     )
+
+
+# --------------------------------------------------------------------------- 7. TLS
+
+CertificateFor = Callable[[str | None, int | None], x509.Certificate | None]
+"""(host, port) of the tunnel -> the certificate to answer with, None to refuse."""
+
+
+class InterceptingTlsConfig(tlsconfig.TlsConfig):
+    """mitmproxy's TlsConfig answering client handshakes with the router's certificates."""
+
+    def __init__(self, certificate_for: CertificateFor, key: Any) -> None:
+        super().__init__()
+        self.certificate_for = certificate_for
+        self.key = key  # the private key of every certificate certificate_for gives
+
+    def get_cert(self, conn_context: Any) -> certs.CertStoreEntry:
+        address = conn_context.server.address
+        host, port = (address[0], address[1]) if address else (None, None)
+        cert = self.certificate_for(host, port)
+        if cert is None:  # mitmproxy's own, from the worker's throwaway CA that nobody trusts
+            return super().get_cert(conn_context)
+        return certs.CertStoreEntry(certs.Cert(cert), self.key, None, [])

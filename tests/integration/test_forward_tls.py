@@ -1,0 +1,314 @@
+"""TLS interception on the forward proxy: a service's ``https://`` call (``HTTPS_PROXY``,
+``CONNECT``) to a destination of the catalog is answered with a certificate from its cloud's
+``proxy.ca``, and the request inside is routed like a plain one.
+
+    CloudOne router 127.0.0.70  image frontend https :P, forward proxy :X (proxy.ca: its own
+                                interception CA), metrics :M, peer link https :L
+             backends 127.0.1.70 image (TLS, the clouds' CA), 127.0.1.72 placement (TLS, a
+                                certificate for 127.0.1.99: does not match), 127.0.1.73
+                                identity (plain HTTP, records every byte)
+    CloudTwo router 127.0.0.71  image frontend https, peer link https
+             backend  127.0.1.71 image (TLS, the clouds' CA)
+
+Three CAs, as a deployment has them: the clouds' own (backends and frontends:
+settings.ca_bundle), the federation's (peer links: settings.peers.ca), and CloudOne's
+interception CA (proxy.ca: only CloudOne's services trust it).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+
+from scoperouter import pki
+
+from .backends import EchoBackend, RecordingBackend
+from .certs import federation_ca
+from .routers import (
+    Reply,
+    Router,
+    cloud_entry,
+    free_port,
+    raw_exchange,
+    request,
+    scoperouter_command,
+    start_all,
+    stop_all,
+    write_config,
+)
+
+pytestmark = pytest.mark.integration
+
+ONE, TWO = "127.0.0.70", "127.0.0.71"
+SCOPE_TWO = {"X-Auth-Token": 'tok!SCOPE!{"image": "CloudTwo"}'}
+
+
+@dataclass
+class Setup:
+    routers: dict[str, Router]
+    config: Path
+    proxy: tuple[str, int]  # CloudOne's forward proxy
+    metrics: str
+    image: tuple[str, int]  # CloudOne's image backend (TLS): a catalog destination
+    frontend: tuple[str, int]  # CloudOne's image frontend (https): a catalog destination
+    mismatched: tuple[str, int]  # CloudOne's placement backend: a certificate for another IP
+    plain: RecordingBackend  # CloudOne's identity backend (plain HTTP)
+    backends: dict[str, EchoBackend]
+    proxy_ca: Path  # what CloudOne's services trust for the forward proxy's certificates
+    proxy_ca_key: Path
+
+    def trusting(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.proxy_ca))
+
+    def via_proxy(
+        self, target: tuple[str, int], path: str = "/v2/images", headers: Any = None
+    ) -> tuple[Reply, bytes]:
+        """GET https://target/path through CloudOne's forward proxy (CONNECT, then TLS
+        verified against CloudOne's interception CA): the answer and the certificate the
+        proxy answered the handshake with (DER)."""
+        conn = http.client.HTTPSConnection(*self.proxy, timeout=15, context=self.trusting())
+        conn.set_tunnel(*target)
+        try:
+            conn.request("GET", path, headers=dict(headers or {}))
+            assert conn.sock is not None
+            der = conn.sock.getpeercert(binary_form=True)
+            assert der is not None
+            response = conn.getresponse()
+            body = response.read()
+            headers = {k.lower(): v for k, v in response.getheaders()}
+            return Reply(response.status, headers, body), der
+        finally:
+            conn.close()
+
+    def counter(self, labels: str) -> float:
+        for line in request("GET", self.metrics + "/metrics").body.decode().splitlines():
+            if line.startswith("scoperouter_requests_total{" + labels + "}"):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+
+def tls_server(directory: Path, name: str, host: str, ca: tuple[Path, Path]) -> ssl.SSLContext:
+    cert, key = pki.issue(ca, directory, name, [host])
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    tmp = tmp_path_factory.mktemp("forward-tls")
+    clouds_ca = pki.make_ca(tmp, "clouds-ca")  # the clouds' own: backends and frontends
+    federation, peer_certs = federation_ca(tmp, {"one-peer": ONE, "two-peer": TWO})
+    proxy_ca = pki.make_ca(tmp, "cloudone-proxy-ca")  # CloudOne's interception CA
+    backends = {
+        "CloudOne": EchoBackend(
+            "127.0.1.70", name="CloudOne-image", tls=tls_server(tmp, "b1", "127.0.1.70", clouds_ca)
+        ).start(),
+        "CloudTwo": EchoBackend(
+            "127.0.1.71", name="CloudTwo-image", tls=tls_server(tmp, "b2", "127.0.1.71", clouds_ca)
+        ).start(),
+        # A certificate of the clouds' CA, but for another address: it must not be accepted.
+        "mismatched": EchoBackend(
+            "127.0.1.72", name="mismatched", tls=tls_server(tmp, "b3", "127.0.1.99", clouds_ca)
+        ).start(),
+    }
+    plain = RecordingBackend("127.0.1.73", name="CloudOne-identity").start()
+    ports = {
+        host: {s: free_port(host) for s in ("image", "proxy", "metrics")} for host in (ONE, TWO)
+    }
+    clouds: dict[str, Any] = {}
+    for name, host, peer in (("CloudOne", ONE, "one-peer"), ("CloudTwo", TWO, "two-peer")):
+        cert, key = pki.issue(clouds_ca, tmp, f"{name.lower()}-front", [host])
+        front = {"cert": str(cert), "key": str(key)}
+        services: dict[str, tuple[int, str, str]] = {
+            "image": (ports[host]["image"], "", backends[name].url)
+        }
+        if name == "CloudOne":
+            services["placement"] = (free_port(host), "", backends["mismatched"].url)
+            services["identity"] = (free_port(host), "/v3", plain.url + "/v3")
+        entry = cloud_entry(host, services, scheme="https", tls=front)
+        peer_port = free_port(host)
+        peer_cert = peer_certs[peer]
+        entry["peer"] = {
+            "url": f"https://{host}:{peer_port}",
+            "tls": {"cert": str(peer_cert), "key": str(peer_cert.with_suffix(".key"))},
+        }
+        clouds[name] = entry
+    clouds["CloudOne"]["proxy"] = {
+        "listen": f"{ONE}:{ports[ONE]['proxy']}",
+        "ca": str(proxy_ca[0]),
+        "ca_key": str(proxy_ca[1]),
+    }
+    clouds["CloudOne"]["metrics"] = {"listen": f"{ONE}:{ports[ONE]['metrics']}"}
+    # The clouds' CA for backends and https frontends, the federation's for the peer links.
+    config = write_config(
+        tmp / "federation.yaml",
+        clouds,
+        ca_bundle=str(clouds_ca[0]),
+        peers={"ca": str(federation)},
+        connect_timeout=2.0,
+        response_timeout=5.0,
+        breaker={"failures": 1000},
+    )
+    one_addresses = [(ONE, ports[ONE]["image"]), (ONE, ports[ONE]["proxy"])]
+    routers = {
+        "CloudOne": Router("CloudOne", config, tmp / "one.log", one_addresses),
+        "CloudTwo": Router("CloudTwo", config, tmp / "two.log", [(TWO, ports[TWO]["image"])]),
+    }
+    start_all(routers.values())
+    try:
+        yield Setup(
+            routers,
+            config,
+            (ONE, ports[ONE]["proxy"]),
+            f"http://{ONE}:{ports[ONE]['metrics']}",
+            ("127.0.1.70", backends["CloudOne"].port),
+            (ONE, ports[ONE]["image"]),
+            ("127.0.1.72", backends["mismatched"].port),
+            plain,
+            backends,
+            *proxy_ca,
+        )
+    finally:
+        codes = stop_all(routers.values())
+        plain.stop()
+        for backend in backends.values():
+            backend.stop()
+    assert codes == {"CloudOne": 0, "CloudTwo": 0}, routers["CloudOne"].log_text()[-3000:]
+
+
+def raw(setup: Setup, data: bytes, then: bytes = b"") -> bytes:
+    """`data` to the forward proxy; after its first answer, `then`; everything it answered
+    until it closed (or 5 s)."""
+    with socket.create_connection(setup.proxy, timeout=5) as sock:
+        sock.sendall(data)
+        got = sock.recv(65536)
+        if then:
+            sock.sendall(then)
+        try:
+            while chunk := sock.recv(65536):
+                got += chunk
+        except TimeoutError:
+            pass
+        return got
+
+
+def test_https_to_a_tls_backend_of_the_catalog_is_routed_by_scope(setup: Setup) -> None:
+    one, two = setup.routers["CloudOne"], setup.routers["CloudTwo"]
+    remote = 'cloud="CloudTwo",decision="remote",service="image",status="200"'
+    before = setup.counter(remote)
+    # The scope sends it to CloudTwo, over the peer link: its router delivers it.
+    reply, _ = setup.via_proxy(setup.image, headers=SCOPE_TWO)
+    assert reply.status == 200, reply.body
+    seen = reply.json()
+    assert seen["backend"] == "CloudTwo-image"
+    assert seen["headers"]["x-scope-hops"] == "2"  # two routers crossed, as a plain request
+    assert json.loads(seen["headers"]["x-scope"])["image"] == "CloudTwo"
+    request_id = reply.headers["x-scope-request-id"]
+    [entry] = one.wait_for_access(request_id=request_id)
+    assert entry["path"] == "https://{}:{}/v2/images".format(*setup.image)
+    assert (entry["cloud"], entry["decision"], entry["status"]) == ("CloudTwo", "remote", 200)
+    two.wait_for_access(request_id=request_id, status=200)
+    assert setup.counter(remote) == before + 1
+    # No scope: CloudOne's own TLS backend, verified against the clouds' CA.
+    reply, _ = setup.via_proxy(setup.image)
+    assert (reply.status, reply.json()["backend"]) == (200, "CloudOne-image")
+    assert reply.json()["headers"]["x-scope-hops"] == "1"
+
+
+def test_https_to_a_routers_frontend_is_routed_too(setup: Setup) -> None:
+    """The catalog's URLs (the routers' https frontends) are destinations as well."""
+    reply, _ = setup.via_proxy(setup.frontend, headers=SCOPE_TWO)
+    assert (reply.status, reply.json()["backend"]) == (200, "CloudTwo-image")
+    reply, _ = setup.via_proxy(setup.frontend)
+    assert (reply.status, reply.json()["backend"]) == (200, "CloudOne-image")
+
+
+def test_the_certificate_is_made_for_the_host_by_the_clouds_proxy_ca_and_kept(
+    setup: Setup,
+) -> None:
+    _, der = setup.via_proxy(setup.image)
+    cert = x509.load_der_x509_certificate(der)
+    ca = x509.load_pem_x509_certificate(setup.proxy_ca.read_bytes())
+    cert.verify_directly_issued_by(ca)  # raises unless the CA signed it
+    assert pki.addresses_of(cert) == {setup.image[0]}
+    # Kept: the next tunnel to that host gets the same certificate; another host its own.
+    _, again = setup.via_proxy(setup.image)
+    assert again == der
+    _, other = setup.via_proxy(setup.frontend)
+    assert pki.addresses_of(x509.load_der_x509_certificate(other)) == {setup.frontend[0]}
+
+
+def test_a_backend_whose_certificate_does_not_match_is_a_clear_502(setup: Setup) -> None:
+    reply, _ = setup.via_proxy(setup.mismatched)
+    assert reply.status == 502, reply.body
+    assert reply.headers["content-type"] == "application/json"
+    message = reply.error_message()
+    assert "the placement service of CloudOne" in message, message
+    assert "TLS certificate verification failed: IP address mismatch" in message, message
+    assert not setup.backends["mismatched"].seen  # nothing was sent to it
+
+
+def test_connect_to_a_host_outside_the_catalog_is_403_and_logged_once(setup: Setup) -> None:
+    target = f"127.0.1.74:{setup.image[1]}"  # the port of a catalog backend, another host
+    connect = b"CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % ((target.encode(),) * 2)
+    reply = raw_exchange(*setup.proxy, connect)
+    assert reply.status == 403, reply
+    assert "not a destination of the federation catalog" in reply.error_message()
+    one = setup.routers["CloudOne"]
+    one.wait_for_access(path=target, status=403)
+    time.sleep(0.5)
+    assert len([e for e in one.access() if e.get("path") == target]) == 1
+
+
+def test_what_is_neither_tls_nor_http_in_a_tunnel_is_refused_not_passed_on(
+    setup: Setup,
+) -> None:
+    target = b"%s:%d" % (setup.plain.host.encode(), setup.plain.port)
+    setup.plain.clear()
+    got = raw(
+        setup,
+        b"CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (target, target),
+        then=b"SSH-2.0-OpenSSH_9.2\r\n\r\n",
+    )
+    assert got.startswith(b"HTTP/1.1 200 "), got
+    assert b"HTTP/1.1 400 " in got, got
+    assert not setup.plain.raw and not setup.plain.connections
+
+
+def test_a_ca_key_others_may_read_stops_the_router_with_a_clear_error(
+    setup: Setup, tmp_path: Path
+) -> None:
+    key = tmp_path / "loose.key"
+    shutil.copy(setup.proxy_ca_key, key)
+    os.chmod(key, 0o644)
+    text = setup.config.read_text().replace(str(setup.proxy_ca_key), str(key))
+    config = tmp_path / "federation.yaml"
+    config.write_text(text)
+    checked = subprocess.run(
+        [*scoperouter_command(), "check-config", str(config), "--cloud", "CloudOne"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert checked.returncode == 1
+    assert f"clouds.CloudOne.proxy.ca_key: {key} is mode 0644" in checked.stderr
+    router = Router("CloudOne", config, tmp_path / "loose.log", []).start()
+    assert router.proc is not None
+    assert router.proc.wait(60) == 2
+    log = router.log_text()
+    assert "mode 0644" in log and f"chmod 600 {key}" in log, log
+    assert "PRIVATE KEY" not in log + checked.stderr + checked.stdout
