@@ -114,6 +114,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="a request sent this much after it was due counts as late (the generator's)",
     )
     parser.add_argument("--seed", type=int, default=1, help="of the scope mix")
+    parser.add_argument(
+        "--kinds",
+        type=lambda text: [k.strip() for k in text.split(",") if k.strip()],
+        help="only these kinds of the mix (comma-separated names, as the summary shows "
+        "them): to narrow a finding down; the verdicts are the same",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the time series as JSON")
     parser.add_argument("--backend", choices=["auto", "nginx", "asyncio"], default="auto")
     parser.add_argument("--no-apt", action="store_true", help="never call apt-get")
@@ -125,6 +131,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             setattr(args, key, value)
     if args.duration <= 0 or args.rate <= 0 or args.generators < 1 or args.workers < 1:
         parser.error("--duration, --rate, --generators and --workers must be positive")
+    unknown = set(args.kinds or ()) - {k.name for k in MIX}
+    if unknown:
+        parser.error(f"--kinds: no such kind {sorted(unknown)}; the kinds: {[k.name for k in MIX]}")
     return args
 
 
@@ -298,6 +307,7 @@ class Soak:
                 "deadline": self.args.deadline,
                 "late_ms": self.args.late_ms,
                 "seed": self.args.seed + k,
+                "kinds": self.args.kinds,
                 "addresses": bench.addresses(),
             }
             path = bench.workdir / f"soak-load-{k}.json"

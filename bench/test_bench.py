@@ -502,6 +502,7 @@ def test_soak_mix_covers_every_route_and_is_drawn_by_weight() -> None:
     assert any(e.startswith(soak_traffic.DOWN_CLOUD + " |") for e in expressions)
     assert {k.entry for k in soak_traffic.MIX} == set(federation.CLOUDS)
     assert {k.status for k in soak_traffic.MIX} == {200, 400, 409}
+    assert all("," not in name for name in kinds)  # --kinds takes them comma-separated
     assert (
         kinds["unscoped"].scope is None
         and "!SCOPE!" not in kinds["unscoped"].headers()["X-Auth-Token"]
@@ -566,7 +567,7 @@ def test_soak_answer_check() -> None:
     # an error the request deserves, and one it does not
     assert check(kinds["bad expression (400)"], 400, "application/json", _error(400)) is None
     assert (
-        check(kinds["A & B, one image in both (409)"], 409, "application/json", _error(409)) is None
+        check(kinds["A & B one image in both (409)"], 409, "application/json", _error(409)) is None
     )
     wrong = check(kinds["Down | B"], 502, "application/json", _error(502))
     assert wrong is not None and wrong[0] == soak_traffic.WRONG and "502 (expected 200)" in wrong[1]
@@ -575,7 +576,7 @@ def test_soak_answer_check() -> None:
         check(kinds["bad expression (400)"], 400, "text/plain", b"bad")[0] == soak_traffic.NON_JSON
     )  # type: ignore[index]
     assert check(kinds["local"], 502, "text/html", b"<html>")[0] == soak_traffic.NON_JSON  # type: ignore[index]
-    put = kinds["small PUT, cross-cloud"]
+    put = kinds["small PUT (cross-cloud)"]
     short = json.dumps({"cloud": "CloudTwo", "body_bytes": 10}).encode()
     assert "10 body bytes" in check(put, 200, "application/json", short)[1]  # type: ignore[index]
     assert check(kinds["local"], 200, "application/json", b"<html>")[0] == soak_traffic.WRONG  # type: ignore[index]
