@@ -340,6 +340,9 @@ class Soak:
                     max(0.0, busy - used - (cpu.softirq - self.cpu.softirq)) / wall, 2
                 )
         self.cpu = cpu
+        entry["router_cpu_s"] = {  # each router's CPU time so far: supervisor and workers
+            name: round(cpu.per_process[proc.name], 3) for name, proc in self.bench.routers.items()
+        }
         self.record.samples.append(entry)
         for reader in self.logs.values():
             reader.read()
@@ -446,6 +449,12 @@ class Soak:
         self.take_sample()
         for name in self.bench.routers:
             self.record.metrics[name] = self.bench.scrape(name)
+        # and stopped as an operator stops them (SIGTERM: drain, exit 0), their last lines read
+        for name, proc in list(self.bench.routers.items()):
+            self.bench.stop_router(name)
+            self.record.exit_codes[name] = proc.popen.returncode
+        for reader in self.logs.values():
+            reader.read()
 
     def finish(self) -> None:
         lines: list[dict[str, Any]] = []

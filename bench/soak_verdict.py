@@ -161,6 +161,7 @@ class Record:
     transfers: list[dict[str, Any]] = field(default_factory=list)
     transfers_planned: int = 0
     late_ms: float = 100.0
+    exit_codes: dict[str, int | None] = field(default_factory=dict)  # routers, on SIGTERM
 
 
 def totals(record: Record) -> dict[str, Any]:
@@ -274,12 +275,18 @@ def verdicts(record: Record) -> list[Target]:
     )
     tracebacks = sum(f.tracebacks for f in record.logs.values())
     errors = sum(f.errors for f in record.logs.values())
+    failed = {name: code for name, code in record.exit_codes.items() if code != 0}
+    stopped = (
+        ", ".join(f"{name} exited {code}" for name, code in sorted(failed.items()))
+        if failed
+        else "stopped with status 0"
+    )
     rows.append(
         Target(
-            "routers' logs",
-            "0 tracebacks, 0 ERROR lines",
-            f"{tracebacks} tracebacks, {errors} ERROR lines",
-            tracebacks == 0 and errors == 0 if record.logs else None,
+            "routers' logs, and their stop",
+            "0 tracebacks, 0 ERROR lines; exit 0 on SIGTERM",
+            f"{tracebacks} tracebacks, {errors} ERROR lines; {stopped}",
+            tracebacks == 0 and errors == 0 and not failed if record.logs else None,
         )
     )
     rows.append(_reloads(record))
@@ -390,6 +397,8 @@ def timeline(record: Record, rows: int = 12) -> list[dict[str, Any]]:
             problems.update(i["problems"])
         due = sum(i["due"] for i in chosen)
         sample = next((s for s in reversed(record.samples) if s["t"] <= end), None)
+        before = next((s for s in reversed(record.samples) if s["t"] <= start), None)
+        cpu = _cpu_between(before, sample)
         others = [
             s["others_cores"]
             for s in record.samples
@@ -414,10 +423,21 @@ def timeline(record: Record, rows: int = 12) -> list[dict[str, Any]]:
                 "problems": sum(problems.values()),
                 "late": sum(i["late"] for i in chosen),
                 "others_cores": max(others, default=None),
+                "router_cpu_us_per_req": cpu / due * 1e6 if cpu is not None and due else None,
                 "routers": routers,
             }
         )
     return out
+
+
+def _cpu_between(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> float | None:
+    """The routers' CPU seconds (all of them, every process) between two samples."""
+    if before is None or after is None or before is after:
+        return None
+    first, last = before.get("router_cpu_s", {}), after.get("router_cpu_s", {})
+    if not first or set(first) != set(last):
+        return None
+    return float(sum(last[name] - first[name] for name in last))
 
 
 def render(record: Record, rows: list[Target]) -> str:
@@ -426,6 +446,7 @@ def render(record: Record, rows: list[Target]) -> str:
     segments = timeline(record)
     routers = sorted({r for s in segments for r in s["routers"]})
     headers = ["from", "to", "req/s", "ok %", "p50 ms", "p99 ms", "problems", "late", "others"]
+    headers.append("CPU us/req")
     headers += [f"{r} RSS MB / fds" for r in routers]
     body = []
     for s in segments:
@@ -433,6 +454,7 @@ def render(record: Record, rows: list[Target]) -> str:
         cells.append(fmt(100 * s["ok"] / s["due"], 2) if s["due"] else "-")
         cells += [fmt(s["p50_ms"], 2), fmt(s["p99_ms"], 2), str(s["problems"]), str(s["late"])]
         cells.append(fmt(s["others_cores"], 2))
+        cells.append(fmt(s["router_cpu_us_per_req"], 0))
         for r in routers:
             rss, fds = s["routers"].get(r, [float("nan"), float("nan")])
             cells.append(f"{fmt(rss, 1)} / {fmt(fds, 0)}")
@@ -441,7 +463,8 @@ def render(record: Record, rows: list[Target]) -> str:
     lines.append(
         "(late: requests the generator sent more than "
         f"{record.late_ms:g} ms after they were due; others: the most cores the machine's other "
-        "processes used between two samples, of " + str(os.cpu_count()) + ")"
+        "processes used between two samples, of " + str(os.cpu_count()) + "; CPU us/req: "
+        "the routers' CPU time, every process of both, per request sent)"
     )
     lines.append("")
     lines.append(_per_kind(record))

@@ -648,6 +648,7 @@ def _record(**changes: Any) -> soak_verdict.Record:
         for d in ("upload", "download")
     ]
     record.transfers_planned = 2
+    record.exit_codes = {"CloudOne": 0}
     for key, value in changes.items():
         setattr(record, key, value)
     return record
@@ -683,10 +684,12 @@ def test_soak_verdicts_miss_what_went_wrong() -> None:
     assert only_miss(_record(transfers=broken[:1])) == {"100 MiB transfers through two routers"}
     traceback = soak_verdict.LogFindings()
     traceback.scan("Traceback (most recent call last):")
-    assert only_miss(_record(logs={"CloudOne": traceback})) == {"routers' logs"}
+    logs = "routers' logs, and their stop"
+    assert only_miss(_record(logs={"CloudOne": traceback})) == {logs}
     error = soak_verdict.LogFindings()
     error.scan('{"ts":"x","level":"ERROR","msg":"reload refused"}')
-    assert only_miss(_record(logs={"CloudOne": error})) == {"routers' logs"}
+    assert only_miss(_record(logs={"CloudOne": error})) == {logs}
+    assert only_miss(_record(exit_codes={"CloudOne": 0, "CloudTwo": -9})) == {logs}
     restarted = {"CloudOne": {"reloads_ok": 4.0, "worker_restarts": 1.0}}
     assert only_miss(_record(metrics=restarted)) == {"reloads (SIGHUP) applied, no worker lost"}
     missed = {"CloudOne": {"reloads_ok": 3.0}}
