@@ -511,6 +511,16 @@ def test_wan_cloud_names_and_addresses() -> None:
     ]
 
 
+def test_wan_merged_lists_are_merges() -> None:
+    """Every merged list measured names two clouds or more (with two clouds, CloudTwo alone
+    would be a single-cloud request, not a merge)."""
+    assert wan_clouds.merged_sets(["CloudOne", "CloudTwo"]) == [["CloudOne", "CloudTwo"]]
+    names = wan_clouds.cloud_names(10)
+    assert wan_clouds.merged_sets(names) == [names[1:], names]
+    assert wan_clouds.span(names[1:]) == "CloudTwo..CloudTen"
+    assert wan_clouds.span(names[:2]) == "CloudOne & CloudTwo"
+
+
 def test_wan_two_clouds_config_is_the_one_bench_wan_always_ran(tmp_path: Path) -> None:
     """Without --clouds the routers run the federation they always did (the documented
     figures were measured with it)."""
@@ -697,3 +707,46 @@ def test_wan_backend_answers_its_clouds_glance_list() -> None:
     assert head.startswith(b"HTTP/1.1 200")
     images = json.loads(body)["images"]
     assert [i["id"] for i in images] == wan_clouds.image_ids("CloudThree")
+
+
+def _access_line(router: str, rid: str, ts: str, ms: float, decision: str) -> str:
+    entry = {
+        "ts": f"2026-11-27T23:05:{ts}Z",
+        "level": "INFO",
+        "logger": "scoperouter.access",
+        "router": router,
+        "msg": "GET /v2/images 200",
+        "request_id": rid,
+        "ms": ms,
+        "decision": decision,
+    }
+    return json.dumps(entry)
+
+
+def test_wan_timeline_from_the_routers_access_lines() -> None:
+    """A merged request's time, from the routers' own lines: CloudOne's router read it at
+    17.000 and answered at 17.056; its two parts reached their routers 26 and 28 ms later and
+    left them at 17.027 and 17.030; the way back took 26 ms."""
+    one = [
+        "not json",
+        '{"ts":"2026-11-27T23:05:16.000Z","logger":"scoperouter","msg":"started"}',
+        _access_line("CloudOne", "req-1", "17.056", 56.0, "fanout"),
+        _access_line("CloudOne", "req-2", "18.000", 1.0, "local"),  # not a merged request
+        _access_line("CloudOne", "req-3", "19.000", 50.0, "fanout"),  # its parts not logged
+    ]
+    others = [
+        _access_line("CloudTwo", "req-1", "17.027", 1.0, "local"),
+        _access_line("CloudThree", "req-1", "17.030", 2.0, "local"),
+    ]
+    found = wan_clouds.timeline(one, others)
+    assert found == wan_clouds.Timeline(
+        requests=1,
+        router_ms=56.0,
+        first_part_at_ms=26.0,
+        last_part_at_ms=28.0,
+        spread_ms=2.0,
+        slowest_part_ms=2.0,
+        back_ms=26.0,
+    )
+    assert "the parts reach their routers 26.0-28.0 ms after it read the request" in found.text()
+    assert wan_clouds.timeline(one, []) is None

@@ -6,6 +6,7 @@ venv::
     sudo .venv/bin/python -m bench.wan                      # ~3 minutes, table on stdout
     .venv/bin/python -m bench.wan --requests 50 --concurrency 1   # a quick look
     .venv/bin/python -m bench.wan --json wan.json
+    .venv/bin/python -m bench.wan --clouds 10 --router-python-flags=-O   # merged lists, 10 clouds
 
 **The link.** This kernel has no netem, so the delay is made in user space: the ``forward``
 subcommand (run by the bench in the root namespace) opens two TUN devices, the bench moves one
@@ -29,6 +30,17 @@ processes use its own loopback (127.x) for everything that does not cross the li
 
 Per point: p50/p99 latency, WAN handshakes per request, ratios to the direct open connection
 (the floor) and to the direct new connection.
+
+**N clouds** (``--clouds N``; TLS between routers unless ``--between`` says otherwise):
+CloudOne's router in A as above, and CloudTwo..CloudN each with its own router in B (on its
+own address on B's end of the link: 10.250.0.2, .3, ...; A routes 10.250.0.0/24 to the link)
+and its own backend on B's loopback (127.0.1.3, .4, ...; CloudOne's is 127.0.1.2 in A), each
+backend answering its cloud's glance-style image list. CloudOne's router has a verified TLS
+peer link to every other router (a warm pool to each). Besides the points above, the merged
+list ``GET /v2/images`` scoped ``{"image": "CloudTwo & ... & CloudN"}`` and the same with
+CloudOne, at each ``--concurrency`` after a warm-up; a merged answer is checked (every cloud's
+images, in order) before and after the load. Under the table: the issue-21 target (p50 <= 60
+ms at 10 clouds, 25 ms each way) as PASS/MISS (:mod:`bench.wan_clouds`).
 
 Everything the bench starts is stopped by PID at the end, on an error and on Ctrl-C; the
 namespaces are deleted, and the TUN devices vanish with the forwarder.
@@ -314,6 +326,7 @@ class Wan:
         # --clouds N: CloudOne in A, CloudTwo..CloudN in B, merged lists measured too
         self.names = wan_clouds.cloud_names(args.clouds or 2)
         self.merged_checks: list[dict[str, Any]] = []
+        self.timelines: list[dict[str, Any]] = []  # from the access lines, when logged
 
     # namespaces and the link
     def ip(self, *argv: str, ns: str | None = None) -> None:
@@ -542,6 +555,30 @@ class Wan:
             )
         say(f"{label}: the merged list holds the {images} images of {len(clouds)} clouds")
 
+    def access_logged(self) -> bool:
+        return self.args.router_log_level.upper() in ("INFO", "DEBUG")
+
+    def log_marks(self) -> list[int]:
+        """Where each running router's log ends now (its lines after this are a point's)."""
+        return [_size(proc.log) for proc in self.running_routers]
+
+    def timeline(self, marks: list[int], label: str, clients: int) -> None:
+        """Where a merged point's time went, from the routers' access lines since `marks`
+        (:func:`bench.wan_clouds.timeline`): a note under the table and in the JSON."""
+        time.sleep(1.0)  # the routers write their access lines in batches (every 0.5 s)
+        texts = []
+        for proc, mark in zip(self.running_routers, marks, strict=True):
+            with open(proc.log, "rb") as log:
+                log.seek(mark)
+                texts.append(log.read().decode("utf-8", "replace").splitlines())
+        found = wan_clouds.timeline(texts[0], (line for text in texts[1:] for line in text))
+        if found is None:
+            return
+        self.timelines.append({"path": label, "concurrency": clients, **asdict(found)})
+        clients_text = f"{clients} client{'' if clients == 1 else 's'}"
+        self.notes.append(f"Where the time goes, {label}, {clients_text}: {found.text()}")
+        say(f"  {found.text()}")
+
     def run(self) -> dict[str, Any]:
         from tests.integration.certs import federation_ca
 
@@ -596,7 +633,7 @@ class Wan:
             between = "TLS" if tls else "plain"
             paths = [(f"routers, {between} between", SCOPE)]
             if self.args.clouds is not None:
-                for clouds in (self.names[1:], self.names):
+                for clouds in wan_clouds.merged_sets(self.names):
                     label = f"merged {wan_clouds.span(clouds)}, {between} between"
                     self.check_merged(clouds, label)
                     paths.append((label, self.merged_scope(clouds)))
@@ -620,9 +657,12 @@ class Wan:
                             f"the point, {warm.wan_handshakes_per_request:g} WAN "
                             "handshakes/request"
                         )
+                    marks = self.log_marks()
                     points.append(self.point(label, url, c, new=True, headers=scoped(scope)))
+                    if label.startswith("merged ") and self.access_logged():
+                        self.timeline(marks, label, c)
             if self.args.clouds is not None:  # the answers are still whole after the load
-                for clouds in (self.names[1:], self.names):
+                for clouds in wan_clouds.merged_sets(self.names):
                     label = f"merged {wan_clouds.span(clouds)}, {between} between, after"
                     self.check_merged(clouds, label)
             self.running_routers = []
@@ -636,11 +676,9 @@ class Wan:
             result["merged"] = {
                 "clouds": self.names,
                 "images_per_cloud": wan_clouds.IMAGES_PER_CLOUD,
-                "scopes": {
-                    "others": self.merged_scope(self.names[1:]),
-                    "all": self.merged_scope(self.names),
-                },
+                "scopes": [self.merged_scope(c) for c in wan_clouds.merged_sets(self.names)],
                 "checks": self.merged_checks,
+                "timelines": self.timelines,
                 "target": {
                     "p50_ms_at_most": wan_clouds.TARGET_P50_MS,
                     "clouds": wan_clouds.TARGET_CLOUDS,
@@ -650,6 +688,13 @@ class Wan:
                 },
             }
         return result
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _cpu(pid: int) -> float:

@@ -1,6 +1,7 @@
 """``bench.wan --clouds N``: the pure parts (no I/O, no root): the clouds' names and
 addresses, the routers' federation config, the merged scope, the backends' glance-style lists,
-the check of a merged answer, and the issue-21 target's verdict.
+the check of a merged answer, the issue-21 target's verdict, and where a merged request's time
+goes according to the routers' access lines.
 
 Where each cloud lives (CloudOne in namespace A, the others in B, across the delayed link):
 
@@ -18,8 +19,11 @@ With two clouds this is the federation ``bench.wan`` has always run (the same co
 from __future__ import annotations
 
 import json
+import statistics
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +129,13 @@ def federation_config(
 def merged_scope(clouds: Sequence[str]) -> str:
     """The scope of a merged image list over `clouds`, as a client sends it."""
     return json.dumps({"image": " & ".join(clouds)}, separators=(",", ":"))
+
+
+def merged_sets(names: Sequence[str]) -> list[list[str]]:
+    """The clouds of each merged list measured: every other cloud (a merge of the peers
+    alone, when there are two or more of them), then all of them, CloudOne included."""
+    others = list(names[1:])
+    return [others, list(names)] if len(others) >= 2 else [list(names)]
 
 
 def span(clouds: Sequence[str]) -> str:
@@ -237,3 +248,84 @@ def target_lines(
         f"**{overall}**{setting}"
     )
     return [head, *lines], overall
+
+
+# --- where the time goes: the routers' access lines (--router-log-level INFO) ---------------
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Medians over a point's merged requests, in ms, from the routers' own access lines (each
+    line's time stamp is when the router answered, to the millisecond; its ``ms`` how long it
+    took): CloudOne's router's time; when the parts reach their routers, after CloudOne's
+    router read the request (first and last part, and the spread between them: the parts are
+    sent at once when it is small against the link's delay); the slowest part's time in its
+    router (its backend included); and from the last part's answer leaving its router to the
+    end of CloudOne's (the way back across the link, reading the answers and merging them)."""
+
+    requests: int
+    router_ms: float
+    first_part_at_ms: float
+    last_part_at_ms: float
+    spread_ms: float
+    slowest_part_ms: float
+    back_ms: float
+
+    def text(self) -> str:
+        return (
+            f"CloudOne's router {self.router_ms:.1f} ms per request; the parts reach their "
+            f"routers {self.first_part_at_ms:.1f}-{self.last_part_at_ms:.1f} ms after it read "
+            f"the request ({self.spread_ms:.1f} ms between the first and the last); the slowest "
+            f"part {self.slowest_part_ms:.1f} ms in its router; from its answer to the end of "
+            f"CloudOne's {self.back_ms:.1f} ms (the way back, reading, merging); "
+            f"{self.requests} requests, +-1 ms"
+        )
+
+
+def _access(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    for line in lines:
+        if '"scoperouter.access"' not in line:
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and "request_id" in entry and "ms" in entry:
+            yield entry
+
+
+def _stamp_ms(entry: Mapping[str, Any]) -> float:
+    when = datetime.strptime(entry["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    return when.timestamp() * 1000
+
+
+def timeline(one: Iterable[str], others: Iterable[str]) -> Timeline | None:
+    """The :class:`Timeline` of the merged requests among CloudOne's router's log lines `one`,
+    their parts found among the other routers' lines `others` (a request's parts carry its
+    request id); None when no merged request had its parts' lines."""
+    parts: dict[str, list[dict[str, Any]]] = {}
+    for entry in _access(others):
+        parts.setdefault(entry["request_id"], []).append(entry)
+    rows: list[tuple[float, ...]] = []
+    for entry in _access(one):
+        found = parts.get(entry["request_id"])
+        if entry.get("decision") != "fanout" or not found:
+            continue
+        end = _stamp_ms(entry)
+        start = end - entry["ms"]
+        arrivals = [_stamp_ms(p) - p["ms"] - start for p in found]
+        leaving = max(_stamp_ms(p) for p in found)
+        rows.append(
+            (
+                entry["ms"],
+                min(arrivals),
+                max(arrivals),
+                max(arrivals) - min(arrivals),
+                max(p["ms"] for p in found),
+                end - leaving,
+            )
+        )
+    if not rows:
+        return None
+    medians = [round(statistics.median(column), 1) for column in zip(*rows, strict=True)]
+    return Timeline(len(rows), *medians)
