@@ -560,6 +560,7 @@ class Wan:
 
     def log_marks(self) -> list[int]:
         """Where each running router's log ends now (its lines after this are a point's)."""
+        time.sleep(1.0)  # the lines of what came before, written in batches (every 0.5 s)
         return [_size(proc.log) for proc in self.running_routers]
 
     def timeline(self, marks: list[int], label: str, clients: int) -> None:
@@ -657,9 +658,10 @@ class Wan:
                             f"the point, {warm.wan_handshakes_per_request:g} WAN "
                             "handshakes/request"
                         )
-                    marks = self.log_marks()
+                    timed = label.startswith("merged ") and self.access_logged()
+                    marks = self.log_marks() if timed else []
                     points.append(self.point(label, url, c, new=True, headers=scoped(scope)))
-                    if label.startswith("merged ") and self.access_logged():
+                    if timed:
                         self.timeline(marks, label, c)
             if self.args.clouds is not None:  # the answers are still whole after the load
                 for clouds in wan_clouds.merged_sets(self.names):
