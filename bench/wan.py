@@ -518,7 +518,9 @@ class Wan:
         # Ready when a scoped request goes through CloudOne's router and every other (a merged
         # list of theirs: 200 only when each answered).
         url = f"http://{ROUTER_A}:{PORTS['router']}/v2/images"
-        headers = scoped() if len(self.names) == 2 else scoped(self.merged_scope(self.names[1:]))
+        headers = (
+            scoped() if len(self.names) == 2 else scoped(wan_clouds.merged_scope(self.names[1:]))
+        )
         deadline = time.monotonic() + 60 + 5 * len(self.names)
         while True:
             for proc in started:
@@ -532,16 +534,12 @@ class Wan:
                 raise BenchError(f"the routers do not answer 200: {result}")
             time.sleep(0.5)
 
-    @staticmethod
-    def merged_scope(clouds: list[str]) -> str:
-        return wan_clouds.merged_scope(clouds)
-
     def check_merged(self, clouds: list[str], label: str) -> None:
         """One merged list through the routers: every cloud's images there, in order (as
         bench.run's sanity_check does for its paths); a BenchError with the routers' logs
         when not."""
         url = f"http://{ROUTER_A}:{PORTS['router']}/v2/images"
-        result = self.load(url, 1, 1, True, scoped(self.merged_scope(clouds)), keep_body=True)
+        result = self.load(url, 1, 1, True, scoped(wan_clouds.merged_scope(clouds)), keep_body=True)
         status = int(next(iter(result["statuses"]), 0))
         problem = wan_clouds.check_merged(status, result.get("body", ""), clouds)
         images = len(clouds) * wan_clouds.IMAGES_PER_CLOUD
@@ -637,7 +635,7 @@ class Wan:
                 for clouds in wan_clouds.merged_sets(self.names):
                     label = f"merged {wan_clouds.span(clouds)}, {between} between"
                     self.check_merged(clouds, label)
-                    paths.append((label, self.merged_scope(clouds)))
+                    paths.append((label, wan_clouds.merged_scope(clouds)))
             for label, scope in paths:
                 for c in levels:
                     warmup = self.args.warmup if self.args.warmup is not None else max(60, 10 * c)
@@ -678,7 +676,7 @@ class Wan:
             result["merged"] = {
                 "clouds": self.names,
                 "images_per_cloud": wan_clouds.IMAGES_PER_CLOUD,
-                "scopes": [self.merged_scope(c) for c in wan_clouds.merged_sets(self.names)],
+                "scopes": [wan_clouds.merged_scope(c) for c in wan_clouds.merged_sets(self.names)],
                 "checks": self.merged_checks,
                 "timelines": self.timelines,
                 "target": {
