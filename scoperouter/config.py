@@ -32,6 +32,7 @@ from scoperouter.catalog import (
     Settings,
     parse_hostport,
     parse_url,
+    untemplated,
 )
 from scoperouter.errors import ConfigError
 
@@ -310,8 +311,15 @@ class _Loader:
         where: str,
     ) -> Endpoint:
         doc = self._mapping(data, where, required={"url", "backend"}, allowed={"url", "backend"})
-        url = self._url(doc["url"], f"{where}.url")
-        backend = self._url(doc["backend"], f"{where}.backend")
+        url, template = untemplated(self._url(doc["url"], f"{where}.url"))
+        backend, backend_template = untemplated(self._url(doc["backend"], f"{where}.backend"))
+        if template != backend_template:
+            raise ConfigError(
+                f"{where}.backend",
+                f"its templated part {backend_template or '(none)'!r} differs from the url's "
+                f"{template or '(none)'!r}: the router forwards the path after the fixed part "
+                "unchanged, so both must end alike",
+            )
         if not any(
             (f.url.scheme, f.url.host, f.url.port) == (url.scheme, url.host, url.port)
             for f in frontends
