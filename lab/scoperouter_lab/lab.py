@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 from scoperouter_lab import files, pki
 from scoperouter_lab.api import ApiError, Keystone, http_status, port_open, wait_for
-from scoperouter_lab.cloud import NOVA_DAEMONS, CloudRunner, Step
+from scoperouter_lab.cloud import CloudRunner, Step
 from scoperouter_lab.infra import (
     LabError,
     Postgres,
@@ -36,9 +36,10 @@ from scoperouter_lab.layout import (
     PROXY_PORT,
     SELECTABLE,
     SERVICE_PORTS,
-    STAND_INS,
     CloudSpec,
     LabPaths,
+    needs_messaging,
+    service_types,
 )
 from scoperouter_lab.procs import ProcessTable, fingerprint
 from scoperouter_lab.templates import CloudContext, Secrets
@@ -46,7 +47,9 @@ from scoperouter_lab.templates import CloudContext, Secrets
 ROUTER_CODE = "import sys; from scoperouter.cli import main; sys.exit(main())"
 SHARED_PROCESSES = ("postgres", "epmd", "rabbitmq")
 # stop order inside one cloud: front to back
-STOP_ORDER = ("router", "nova-compute", "nova-scheduler", "nova-conductor", "nova-api", "glance",
+STOP_ORDER = ("router", "heat-engine", "heat-api", "nova-compute", "nova-scheduler",
+              "nova-conductor", "nova-api", "cinder-volume", "cinder-scheduler", "cinder-api",
+              "swift-proxy", "swift-object", "swift-container", "swift-account", "glance",
               "placement", "network", "block-storage", "keystone")  # fmt: skip
 
 
@@ -181,7 +184,7 @@ class Lab:
 
     def up(self) -> int:
         p = self.progress
-        need_nova = "nova" in self.services
+        need_rabbit = needs_messaging(self.services)
         p.line(
             "scoperouter lab up",
             f"{self.n_clouds} clouds, {','.join(self.services)}, dir {self.paths.root}",
@@ -193,8 +196,8 @@ class Lab:
             self.state.update(clouds=self.n_clouds, services=list(self.services))
             self._save_state()
             p.run("Debian packages (postgresql"
-                  + (", rabbitmq-server)" if need_nova else ")"),
-                  lambda: ensure_packages(self.paths, need_nova))  # fmt: skip
+                  + (", rabbitmq-server)" if need_rabbit else ")"),
+                  lambda: ensure_packages(self.paths, need_rabbit))  # fmt: skip
             p.run("OpenStack venv (pinned, <dir>/venv)", lambda: ensure_venv(self.paths))
             self._decide_router()
             self._stop_unwanted()
@@ -211,7 +214,7 @@ class Lab:
                     pg.ensure_databases(sec.db, names)
                 ),
             )
-            if need_nova:
+            if need_rabbit:
                 rabbit = Rabbit(self.paths, self.procs)
                 p.run("RabbitMQ on 127.0.0.1:5672 (vhost per cloud)",
                       lambda: rabbit.ensure(self.clouds, sec.rabbit))  # fmt: skip
@@ -256,7 +259,7 @@ class Lab:
 
     def _desired(self) -> set[str]:
         want = {"postgres"}
-        if "nova" in self.services:
+        if needs_messaging(self.services):
             want |= {"epmd", "rabbitmq"}
         for c in self.clouds:
             r = self.runner(c, Step(lambda *a: None))
@@ -312,12 +315,10 @@ class Lab:
 
         tasks: list[Callable[[], Any]] = [keystone_chain(r) for r in runners]
         for r in runners:
-            if "nova" in r.services:
-                tasks.append(r.nova_setup)
-            if "glance" in r.services:
-                tasks.append(r.glance_setup)
-            if "placement" in r.services:
-                tasks.append(r.placement_setup)
+            setups = {"nova": r.nova_setup, "cinder": r.cinder_setup, "heat": r.heat_setup,
+                      "glance": r.glance_setup, "placement": r.placement_setup,
+                      "swift": r.swift_setup}  # fmt: skip
+            tasks += [setup for service, setup in setups.items() if service in r.services]
         self._parallel(tasks, workers=4)
 
     def _write_files(self, runners: list[CloudRunner]) -> str:
@@ -380,10 +381,7 @@ class Lab:
         self._parallel([start(c) for c in self.clouds], workers=len(self.clouds))
 
     def router_listens(self, cloud: CloudSpec) -> list[tuple[str, int]]:
-        types = ["identity", *(stype for stype, _, _ in STAND_INS.values())] + [
-            t for s, t in (("glance", "image"), ("placement", "placement"), ("nova", "compute"))
-            if s in self.services
-        ]  # fmt: skip
+        types = service_types(self.services)
         return [(cloud.front_ip, SERVICE_PORTS[t][0]) for t in types] + [
             (cloud.front_ip, PROXY_PORT),
             (cloud.front_ip, PEER_PORT),
@@ -576,21 +574,14 @@ Logs: {self.paths.logs}/<cloud>/<service>.log     Status: scoperouter lab status
                 f"not a process of this lab: {', '.join(unknown)} (its processes: "
                 f"{', '.join(sorted(known))})"
             )
-        compute: set[int] = set()
+        restarted = []
         for name in names:
             runner, what = known[name]
             result = runner.step.timed(name, functools.partial(runner._start, what))
-            if result == "running":
-                continue
-            if what in NOVA_DAEMONS:
-                compute.add(runner.cloud.index)
-            else:
-                runner.wait_api(what)
-        for name in names:
-            runner, _ = known[name]
-            if runner.cloud.index in compute:
-                compute.discard(runner.cloud.index)
-                runner.wait_compute()
+            if result != "running":
+                restarted.append((runner, what))
+        for runner, what in restarted:
+            runner.wait_ready(what)
         return 0
 
     # ------------------------------------------------------------------ down
