@@ -33,9 +33,11 @@ from scoperouter_lab.layout import (
     DEFAULT_SERVICES,
     MAX_CLOUDS,
     PEER_PORT,
+    PROCESSES,
     PROXY_PORT,
     SELECTABLE,
     SERVICE_PORTS,
+    STAND_INS,
     CloudSpec,
     LabPaths,
     needs_messaging,
@@ -510,15 +512,21 @@ Logs: {self.paths.logs}/<cloud>/<service>.log     Status: scoperouter lab status
         want = sorted(self._desired(), key=self._display_key)
         bad = 0
         total = 0
+        # per service (all clouds): processes running, processes wanted, RSS
+        by_service: dict[str, list[int]] = {}
         print(f"\n{'PROCESS':<26} {'PID':>7}  {'STATE':<8} {'RSS':>9}  LOG")
         for name in want:
             rec = recs.get(name)
+            alive = rec is not None and rec.alive()
+            rss = rec.rss() if rec is not None and alive else 0
+            tally = by_service.setdefault(self._service_of(name), [0, 0, 0])
+            tally[0] += int(alive)
+            tally[1] += 1
+            tally[2] += rss
             if rec is None:
                 print(f"{name:<26} {'-':>7}  {'absent':<8} {'':>9}")
                 bad += 1
                 continue
-            alive = rec.alive()
-            rss = rec.rss() if alive else 0
             total += rss
             bad += 0 if alive else 1
             print(f"{name:<26} {rec.pid:>7}  {'running' if alive else 'DEAD':<8} "
@@ -526,7 +534,7 @@ Logs: {self.paths.logs}/<cloud>/<service>.log     Status: scoperouter lab status
         for name in sorted(set(recs) - set(want)):
             rec = recs[name]
             print(f"{name:<26} {rec.pid:>7}  {'extra' if rec.alive() else 'DEAD':<8}")
-        print(f"\n{'ENDPOINT':<34} {'URL':<32} {'CATALOG':>7} {'BACKEND':>7}")
+        print(f"\n{'ENDPOINT':<28} {'URL':<46} {'CATALOG':>7} {'BACKEND':>7}")
         for cloud in self.clouds:
             r = self.runner(cloud, Step(lambda *a: None))
             for stype in r.service_types():
@@ -535,7 +543,11 @@ Logs: {self.paths.logs}/<cloud>/<service>.log     Status: scoperouter lab status
                 back = http_status(cloud.backend_url(stype) + "/")
                 ok = front is not None and front < 500 and back is not None and back < 500
                 bad += 0 if ok else 1
-                print(f"{cloud.name + ' ' + stype:<34} {url:<32} {_s(front):>7} {_s(back):>7}")
+                print(f"{cloud.name + ' ' + stype:<28} {url:<46} {_s(front):>7} {_s(back):>7}")
+        print(f"\n{'SERVICE':<26} {'RUNNING':>9} {'RSS':>9}  (every cloud)")
+        for service, (running, wanted, rss) in by_service.items():
+            state = f"{running}/{wanted}"
+            print(f"{service:<26} {state:>9} {rss / 2**20:>7.0f}MB")
         print(f"\ntotal RSS of the lab's processes: {total / 2**30:.2f} GiB")
         print("healthy" if bad == 0 else f"{bad} problem(s)")
         return 0 if bad == 0 else 1
@@ -549,6 +561,16 @@ Logs: {self.paths.logs}/<cloud>/<service>.log     Status: scoperouter lab status
                 rank = len(STOP_ORDER) - _order_key(name)[0]
                 return (c.index, rank, name)
         return (99, 0, name)
+
+    def _service_of(self, process: str) -> str:
+        """The service a process belongs to (`cloudone-cinder-volume` -> cinder), for the
+        status's summary; the routers, the stand-ins and the shared processes by name."""
+        if process in SHARED_PROCESSES:
+            return "postgres" if process == "postgres" else "rabbitmq"
+        what = process.split("-", 1)[1] if "-" in process else process
+        if what == "router" or what in STAND_INS:
+            return what if what == "router" else f"{what} (stand-in)"
+        return next((s for s, names in PROCESSES.items() if what in names), what)
 
     def memory(self) -> int:
         return sum(r.rss() for r in self.procs.all())

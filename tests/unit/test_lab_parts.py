@@ -161,6 +161,10 @@ def test_processes_and_catalog_follow_the_selected_services(tmp_path: Path):
     ports = {port for _, port in lab.router_listens(CloudSpec(1))}
     assert {8080, 8004, 8776, 5000, 3128, 9443} <= ports
     assert service_types(("keystone",)) == ["identity", "network", "block-storage"]
+    # lab status sums each service's processes over the clouds
+    assert [lab._service_of(p) for p in ("cloudtwo-cinder-volume", "cloudone-swift-object",
+            "cloudone-nova-api", "cloudone-router", "cloudone-network", "epmd")] == [
+        "cinder", "swift", "nova", "router", "network (stand-in)", "rabbitmq"]  # fmt: skip
 
 
 def test_federation_config_routes_object_storage_and_orchestration(tmp_path: Path):
