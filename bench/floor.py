@@ -29,15 +29,12 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from bench import backend, load
+from bench import backend
 from bench.machine import machine_context
 from bench.options import parse_args as bench_args
 from bench.procs import (
     BenchError,
-    cpu_sample,
-    finish_instruction_count,
     free_port,
-    start_instruction_count,
     wait_listening,
 )
 from bench.run import SMALL_PATH, Bench, _get, say, scoped_headers
@@ -85,26 +82,17 @@ def check(path: Path, headers: dict[str, str]) -> None:
         raise BenchError(f"sanity check failed for {path.label}: {status} {body[:200]!r}")
 
 
-def measure(bench: Bench, path: Path, conns: int, headers: dict[str, str]) -> dict[str, Any]:
-    assert bench.tool is not None
-    args = bench.args
+def measure(
+    bench: Bench, path: Path, conns: int, headers: dict[str, str], threads: int = 1
+) -> dict[str, Any]:
+    """One load point on `path`: the figures of the row, with the CPU time and instructions of
+    the path's processes (the proxy's; none for direct) and what the rest of the machine did."""
     url = f"http://{path.host}:{path.port}{SMALL_PATH}"
-    env = bench._sub_env()
-    say(f"load: {path.label} x{path.processes}, {conns} connection(s), {args.duration:g} s")
-    if args.quiet_wait > 0:
-        bench.wait_quiet()
-    if args.warmup > 0:
-        load.run_load(bench.tool, url, conns, args.warmup, headers, bench.workdir, env=env)
-    watched = {str(pid): pid for pid in path.pids}
-    counter = start_instruction_count(path.pids, args.duration)
-    before = cpu_sample(watched)
-    result = load.run_load(bench.tool, url, conns, args.duration, headers, bench.workdir, env=env)
-    after = cpu_sample(watched)
-    instructions = finish_instruction_count(counter)
-    cpu = sum(after.per_process[k] - before.per_process[k] for k in watched)
-    wall = after.wall - before.wall
-    others = max(0.0, (after.machine_busy - before.machine_busy) / wall)
-    say(f"  {result.rps:,.0f} req/s, p50 {result.p50_ms:.3f} ms")
+    say(f"load: {path.label} x{path.processes}, {conns} connection(s), {bench.args.duration:g} s")
+    watched = {str(p.pid): p.pid for p in bench.procs.procs}  # all the bench's: the noise
+    watched |= {str(pid): pid for pid in path.pids}
+    result, cost = bench.load_point(url, conns, headers, watched, path.pids, threads)
+    cpu = sum(cost.cpu[str(pid)] for pid in path.pids)
     return {
         "path": path.label,
         "processes": path.processes,
@@ -112,11 +100,9 @@ def measure(bench: Bench, path: Path, conns: int, headers: dict[str, str]) -> di
         "rps": result.rps,
         "p50_ms": result.p50_ms,
         "p99_ms": result.p99_ms,
-        "cpu_us_per_req": cpu / result.requests * 1e6 if result.requests else None,
-        "instructions_per_req": (
-            instructions / result.requests if instructions and result.requests else None
-        ),
-        "machine_busy_cores": others,
+        "cpu_us_per_req": cost.per_request(cpu * 1e6, result) if path.pids else None,
+        "instructions_per_req": cost.per_request(cost.instructions, result),
+        **cost.noise(),
         "errors": result.error_count,
     }
 

@@ -9,7 +9,6 @@ text summary of wrk is parsed too, as a cross-check and for a wrk run without th
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -17,6 +16,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from bench.machine import apt_install
 from bench.procs import BenchError
 
 WRK_SCRIPT = r"""
@@ -66,17 +66,7 @@ class LoadTool:
 def ensure_wrk(allow_apt: bool, say) -> LoadTool | None:
     """wrk on the PATH; else `apt-get install wrk` (root, apt available); else None."""
     path = shutil.which("wrk")
-    if path is None and allow_apt and shutil.which("apt-get") and os.geteuid() == 0:
-        say("wrk not found: installing it with `apt-get install -y wrk` (Debian package)")
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        cmd = ["apt-get", "install", "-y", "-q", "wrk"]
-        result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-        if result.returncode != 0:
-            say("apt-get install failed; running apt-get update once and retrying")
-            subprocess.run(["apt-get", "update", "-q"], capture_output=True, env=env, timeout=600)
-            result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-        if result.returncode != 0:
-            say(f"could not install wrk: {result.stderr.strip()[-300:]}")
+    if path is None and allow_apt and apt_install("wrk", say):
         path = shutil.which("wrk")
     if path is None:
         return None
@@ -163,8 +153,10 @@ def run_load(
     headers: dict[str, str],
     workdir: Path,
     env: dict[str, str] | None = None,
+    threads: int = 1,
 ) -> LoadResult:
-    """One closed-loop run; raises BenchError when the generator fails."""
+    """One closed-loop run; raises BenchError when the generator fails. `threads`: wrk's
+    threads (at most one per connection; the Python generator is one process whatever)."""
     header_args: list[str] = []
     for name, value in headers.items():
         header_args += ["-H", f"{name}: {value}"]
@@ -175,7 +167,7 @@ def run_load(
             script.write_text(WRK_SCRIPT)
         argv = [
             tool.binary or "wrk",
-            "-t1",
+            f"-t{max(1, min(threads, connections))}",
             f"-c{connections}",
             f"-d{max(1, round(duration))}s",
             "--timeout",

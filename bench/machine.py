@@ -6,13 +6,35 @@ import contextlib
 import datetime
 import os
 import platform
+import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def apt_install(package: str, say: Callable[[str], None]) -> bool:
+    """`apt-get install -y PACKAGE` (Debian's package), as root with apt-get there; it waits
+    for dpkg's lock (another apt on the machine) and runs `apt-get update` once when the first
+    try fails. True when the install succeeded."""
+    if not shutil.which("apt-get") or os.geteuid() != 0:
+        return False
+    say(f"{package} not found: installing it with `apt-get install -y {package}` (Debian package)")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    apt = ["apt-get", "-o", "DPkg::Lock::Timeout=600"]
+    cmd = [*apt, "install", "-y", "-q", "--no-install-recommends", package]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    if result.returncode != 0:
+        say("apt-get install failed; running apt-get update once and retrying")
+        subprocess.run([*apt, "update", "-q"], capture_output=True, env=env, timeout=900)
+        result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    if result.returncode != 0:
+        say(f"could not install {package}: {result.stderr.strip()[-300:]}")
+    return result.returncode == 0
 
 
 def machine_context() -> dict[str, Any]:

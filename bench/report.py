@@ -43,6 +43,13 @@ def table(headers: list[str], rows: list[list[str]], align: str | None = None) -
     return "\n".join([line(headers), rule, *(line(r) for r in rows)])
 
 
+def markdown_table(headers: list[str], rows: list[list[str]], align: str | None = None) -> str:
+    """A markdown table (pastes into the docs as it is); `align` as for :func:`table`."""
+    align = align or ("l" + "r" * (len(headers) - 1))
+    rule = ["---:" if a == "r" else "---" for a in align]
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in [headers, rule, *rows])
+
+
 @dataclass
 class Target:
     name: str

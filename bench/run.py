@@ -13,6 +13,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,36 @@ TOKEN = "gAAAAABm" + "t" * 175  # the size of a Fernet token; routers do not val
 SMALL_PATH = "/v2/images"
 PATH_LABELS = ("direct", "one router", "two routers")
 LOG_COST_ROUNDS = 3  # per level, alternating
+
+
+@dataclass
+class PointCost:
+    """What the cores did during one load point (:meth:`Bench.load_point`)."""
+
+    wall: float  # seconds
+    cpu: dict[str, float]  # CPU seconds of each watched process, its children included
+    instructions: float | None  # user-space instructions of the counted processes (perf)
+    loadgen_cpu_cores: float
+    machine_busy_cores: float  # the whole machine
+    softirq_cores: float  # the kernel's network processing (loopback TCP), charged to no one
+    other_cpu_cores: float  # used by neither the bench's processes, nor wrk, nor softirq
+    other_cpu_cores_before: float | None  # others' load when the point started
+    other_busy_processes: list[dict[str, Any]]
+
+    @staticmethod
+    def per_request(value: float | None, result: load.LoadResult) -> float | None:
+        return value / result.requests if value and result.requests else None
+
+    def noise(self) -> dict[str, Any]:
+        """The row's figures about the machine (the bench's JSON keys)."""
+        return {
+            "loadgen_cpu_cores": self.loadgen_cpu_cores,
+            "machine_busy_cores": self.machine_busy_cores,
+            "softirq_cores": self.softirq_cores,
+            "other_cpu_cores": self.other_cpu_cores,
+            "other_cpu_cores_before": self.other_cpu_cores_before,
+            "other_busy_processes": self.other_busy_processes,
+        }
 
 
 def say(message: str) -> None:
@@ -246,27 +277,31 @@ class Bench:
                 say(f"  other processes use {busy:.2f} cores: waiting for a quieter moment")
                 told = True
 
-    def measure(self, label: str, conns: int) -> dict[str, Any]:
-        """One load point: `conns` connections on the path `label`; every figure of the row."""
+    def load_point(
+        self,
+        url: str,
+        conns: int,
+        headers: dict[str, str],
+        watched: dict[str, int],
+        counted: tuple[int, ...] = (),
+        threads: int = 1,
+    ) -> tuple[load.LoadResult, PointCost]:
+        """Wait for a quiet machine, warm up, then one load point on `url`, with the CPU time
+        of the `watched` processes (each with its children), the user-space instructions of
+        the `counted` ones (perf, when installed), and what the rest of the machine did."""
         assert self.tool is not None
         args = self.args
         env = self._sub_env()
-        host, port, headers, _ = self.targets()[label]
-        url = f"http://{host}:{port}{SMALL_PATH}"
-        say(f"load: {label}, {conns} connection(s), {args.duration:g} s")
         busy_before = self.wait_quiet() if args.quiet_wait > 0 else None
         if args.warmup > 0:
-            load.run_load(self.tool, url, conns, args.warmup, headers, self.workdir, env=env)
-        watched = {f"router {n}": p.pid for n, p in self.routers.items()}
-        watched["backend"] = self.backends["small"].pid
-        involved = {"direct": [], "one router": ["CloudOne"]}.get(label, ["CloudOne", "CloudTwo"])
+            load.run_load(self.tool, url, conns, args.warmup, headers, self.workdir, env, threads)
         primed = prime_processes()
-        counter = start_instruction_count(
-            tuple(self.routers[n].pid for n in involved), args.duration
-        )
+        counter = start_instruction_count(counted, args.duration)
         before = cpu_sample(watched)
         rusage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        result = load.run_load(self.tool, url, conns, args.duration, headers, self.workdir, env=env)
+        result = load.run_load(
+            self.tool, url, conns, args.duration, headers, self.workdir, env, threads
+        )
         rusage_after = resource.getrusage(resource.RUSAGE_CHILDREN)
         after = cpu_sample(watched)
         instructions = finish_instruction_count(counter)
@@ -279,13 +314,35 @@ class Bench:
         loadgen_cpu = (rusage_after.ru_utime - rusage_before.ru_utime) + (
             rusage_after.ru_stime - rusage_before.ru_stime
         )
-        used = {n: cpu[f"router {n}"] for n in involved}
         machine_busy = (after.machine_busy - before.machine_busy) / wall
         softirq = (after.softirq - before.softirq) / wall
         used_by_bench = (sum(cpu.values()) + loadgen_cpu) / wall
         if result.error_count:
             say(f"  errors: {result.errors}")
         say(f"  {result.rps:,.0f} req/s, p50 {result.p50_ms:.3f} ms, p99 {result.p99_ms:.3f} ms")
+        return result, PointCost(
+            wall=wall,
+            cpu=cpu,
+            instructions=instructions,
+            loadgen_cpu_cores=loadgen_cpu / wall,
+            machine_busy_cores=machine_busy,
+            softirq_cores=softirq,
+            other_cpu_cores=max(0.0, machine_busy - used_by_bench - softirq),
+            other_cpu_cores_before=busy_before,
+            other_busy_processes=busy_others(primed, ours),
+        )
+
+    def measure(self, label: str, conns: int) -> dict[str, Any]:
+        """One load point: `conns` connections on the path `label`; every figure of the row."""
+        host, port, headers, _ = self.targets()[label]
+        url = f"http://{host}:{port}{SMALL_PATH}"
+        say(f"load: {label}, {conns} connection(s), {self.args.duration:g} s")
+        watched = {f"router {n}": p.pid for n, p in self.routers.items()}
+        watched["backend"] = self.backends["small"].pid
+        involved = {"direct": [], "one router": ["CloudOne"]}.get(label, ["CloudOne", "CloudTwo"])
+        counted = tuple(self.routers[n].pid for n in involved)
+        result, cost = self.load_point(url, conns, headers, watched, counted)
+        used = {n: cost.cpu[f"router {n}"] for n in involved}
         return {
             "path": label,
             "connections": conns,
@@ -293,19 +350,12 @@ class Bench:
             "router_cpu_us_per_req": {
                 n: used[n] / result.requests * 1e6 if result.requests else None for n in involved
             },
-            "router_cpu_cores": {n: used[n] / wall for n in involved},
+            "router_cpu_cores": {n: used[n] / cost.wall for n in involved},
             # user-space instructions of the routers on the path per request (perf stat):
             # unlike CPU time, not inflated by other processes competing for the cores
-            "router_instructions_per_req": (
-                instructions / result.requests if instructions and result.requests else None
-            ),
-            "backend_cpu_cores": cpu["backend"] / wall,
-            "loadgen_cpu_cores": loadgen_cpu / wall,
-            "machine_busy_cores": machine_busy,
-            "softirq_cores": softirq,
-            "other_cpu_cores": max(0.0, machine_busy - used_by_bench - softirq),
-            "other_cpu_cores_before": busy_before,
-            "other_busy_processes": busy_others(primed, ours),
+            "router_instructions_per_req": cost.per_request(cost.instructions, result),
+            "backend_cpu_cores": cost.cpu["backend"] / cost.wall,
+            **cost.noise(),
             "router_rss_mb": {n: rss_max_mb(self.routers[n].pid) for n in involved},
             "router_rss_total_mb": {n: rss_mb(self.routers[n].pid) for n in involved},
         }

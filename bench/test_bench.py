@@ -8,14 +8,21 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import subprocess
 import sys
+import textwrap
+import threading
 from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
-from bench import backend, decision, federation, floor, load, transfer
+from bench import backend, decision, federation, floor, haproxy, load, peers, transfer
+from bench.machine import ROOT
 from bench.procs import Processes, free_port, rss_mb, wait_listening
 from scoperouter.config import build_catalog, load_catalog
 from scoperouter.routing import Forward, RequestFacts, decide
@@ -257,3 +264,209 @@ def test_log_cost_is_judged_on_the_routers_work_when_measured() -> None:
     targets = []
     render._log_cost({"log_cost": both}, targets)
     assert targets[0].measured.startswith("10.0% of instructions") and not targets[0].ok
+
+
+# ---------------------------------------------------------------- bench.peers (HAProxy + Lua)
+
+
+def test_haproxy_config_has_the_scope_script_and_a_backend_per_cloud(tmp_path: Path) -> None:
+    backends = {"CloudOne": ("127.0.1.2", 8001), "CloudTwo": ("127.0.0.3", 9292)}
+    text = haproxy.config(
+        ("127.0.0.5", 7000), tmp_path / "scope.lua", "CloudOne", "image", backends, 2, 4096
+    )
+    lines = [line.strip() for line in text.splitlines()]
+    for expected in (
+        "nbthread 2",
+        "maxconn 4096",
+        f"lua-load-per-thread {tmp_path / 'scope.lua'}",
+        "http-reuse always",
+        "bind 127.0.0.5:7000",
+        "http-request lua.interpret_scope CloudOne image",
+        "use_backend %[var(txn.scope_backend)]",
+        "backend CloudOne_image",
+        "server CloudOne 127.0.1.2:8001",
+        "backend CloudTwo_image",
+        "server CloudTwo 127.0.0.3:9292",
+        f"default_backend {haproxy.NO_SUCH_CLOUD}",
+    ):
+        assert expected in lines, expected
+    assert haproxy.maxconn_for(1000) == 4096 and haproxy.maxconn_for(5000) == 10_000
+    assert "token:find(SEPARATOR, 1, true)" in haproxy.LUA_SCRIPT  # plain find: "!" is no magic
+
+
+def _recording_backend(name: str, seen: list[tuple[str, dict[str, str]]]) -> ThreadingHTTPServer:
+    """An HTTP/1.1 backend on loopback answering its name, recording each request's headers."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            seen.append((name, {k.lower(): v for k, v in self.headers.items()}))
+            body = name.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.1.5", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture
+def haproxy_binary() -> haproxy.HAProxy:
+    found = haproxy.ensure_haproxy(allow_apt=False, say=print)
+    if found is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI: haproxy is not installed (.ci/run installs Debian's haproxy)")
+        pytest.skip("haproxy is not installed (apt-get install haproxy): the Lua scope script")
+    return found
+
+
+def test_haproxy_lua_script_routes_by_scope_and_strips_it(
+    procs: Processes, haproxy_binary: haproxy.HAProxy
+) -> None:
+    """The bench's HAProxy + Lua for real: the scope's cloud for the frontend's service picks
+    the backend, the token goes on without its scope, X-Scope carries the scope."""
+    seen: list[tuple[str, dict[str, str]]] = []
+    one, two = _recording_backend("one", seen), _recording_backend("two", seen)
+    try:
+        listen = (haproxy.HOST, free_port(haproxy.HOST))
+        backends = {
+            "CloudOne": ("127.0.1.5", one.server_port),
+            "CloudTwo": ("127.0.1.5", two.server_port),
+        }
+        haproxy.start(procs, haproxy_binary, listen, "CloudOne", "image", backends)
+        conn = http.client.HTTPConnection(*listen, timeout=10)
+        cases = [  # token sent -> (status, backend, token forwarded, X-Scope forwarded)
+            ('tok!SCOPE!{"image": "CloudOne"}', 200, "one", "tok", '{"image": "CloudOne"}'),
+            (
+                'tok!SCOPE!{"compute": "CloudOne", "image": "CloudTwo"}',  # commas: whole value
+                200, "two", "tok", '{"compute": "CloudOne", "image": "CloudTwo"}',
+            ),
+            ('tok!SCOPE!{"compute":"CloudTwo"}', 200, "one", "tok", '{"compute":"CloudTwo"}'),
+            ("tok", 200, "one", "tok", None),  # unscoped: where it was addressed, unchanged
+            ('tok!SCOPE!{"image": "Nowhere"}', 503, None, None, None),  # no such cloud
+        ]  # fmt: skip
+        for token, status, where, forwarded, scope in cases:
+            before = len(seen)
+            conn.request("GET", "/v2/images", headers={"X-Auth-Token": token})  # keep-alive
+            response = conn.getresponse()
+            body = response.read()
+            assert response.status == status, (token, body)
+            if where is None:
+                assert len(seen) == before
+                continue
+            name, headers = seen[-1]
+            assert (name, body) == (where, where.encode())
+            assert headers["x-auth-token"] == forwarded
+            assert headers.get("x-scope") == scope
+        conn.close()
+    finally:
+        one.shutdown()
+        two.shutdown()
+
+
+def _peer_rows() -> list[dict[str, Any]]:
+    """Two rounds at 1, 50 and 1,000 connections: the router at 0.8x then 0.6x HAProxy's req/s
+    at 1,000 (median 0.7x: MISS; the ratio of the medians would be 24k / 35k), p99 1.4x
+    HAProxy's there (PASS), its CPU per request 100 us at 50 and 110 at 1,000 (PASS)."""
+    rows = []
+    figures = {  # (path, conns) -> per round (req/s, p99 ms, CPU us/req)
+        ("direct", 1): [(20_000, 0.1, None), (22_000, 0.1, None)],
+        ("HAProxy + Lua", 1): [(10_000, 0.2, 40.0), (10_000, 0.2, 40.0)],
+        ("scoperouter", 1): [(9_000, 0.3, 150.0), (8_000, 0.3, 150.0)],
+        ("HAProxy + Lua", 50): [(40_000, 2.0, 22.0), (44_000, 2.0, 22.0)],
+        ("scoperouter", 50): [(32_000, 4.0, 100.0), (35_200, 4.0, 100.0)],
+        ("HAProxy + Lua", 1000): [(30_000, 50.0, 25.0), (40_000, 60.0, 25.0)],
+        ("scoperouter", 1000): [(24_000, 70.0, 110.0), (24_000, 84.0, 110.0)],
+    }
+    for (path, conns), rounds in figures.items():
+        for round_, (rps, p99, cpu) in enumerate(rounds, 1):
+            rss = {"total": 230.0, "main": 70.0, "children": [80.0, 80.0]} if cpu else None
+            rows.append(
+                {"path": path, "connections": conns, "round": round_, "rps": float(rps),
+                 "p50_ms": p99 / 2, "p99_ms": p99, "cpu_us_per_req": cpu,
+                 "instructions_per_req": None, "errors": 0, "other_cpu_cores": 0.1,
+                 "other_busy_processes": [], "rss_mb": rss}
+            )  # fmt: skip
+    return rows
+
+
+def test_peers_ratios_are_taken_within_each_round_and_judged() -> None:
+    summary = peers.summarize(_peer_rows())
+    router_1000 = peers.find(summary, peers.ROUTER, 1000)
+    assert router_1000 is not None
+    assert router_1000["rps_x_haproxy"] == pytest.approx((0.8 + 0.6) / 2)  # not 24k / 35k
+    assert router_1000["p99_x_haproxy"] == pytest.approx(1.4)  # 70 / 50 and 84 / 60
+    assert router_1000["rps_min"] == router_1000["rps_max"] == 24_000
+    judged = {t.name: t for t in peers.targets(summary)}
+    assert judged["router req/s vs HAProxy + Lua, 1 conns"].ok is True  # 0.9 / 0.8
+    assert judged["router req/s vs HAProxy + Lua, 50 conns"].ok is True  # 0.8 both rounds
+    assert judged["router req/s vs HAProxy + Lua, 1,000 conns"].ok is False
+    assert (
+        "0.70x (24,000 vs 35,000 req/s)"
+        in judged["router req/s vs HAProxy + Lua, 1,000 conns"].measured
+    )
+    assert judged["router p99 vs HAProxy's, 1,000 conns"].ok is True
+    flat = judged["router CPU/request at 1,000 conns vs at 50"]
+    assert flat.ok is True and flat.measured.startswith("1.10x")
+
+
+def test_peers_targets_not_measured_are_na() -> None:
+    rows = [r for r in _peer_rows() if r["connections"] != 50 and r["path"] != "HAProxy + Lua"]
+    judged = peers.targets(peers.summarize(rows))
+    assert judged and all(t.ok is None and t.measured == "-" for t in judged)
+
+
+def test_peers_report_is_markdown_with_targets() -> None:
+    rows = _peer_rows()
+    results = {
+        "rows": rows,
+        "summary": peers.summarize(rows),
+        "rss_before": {peers.ROUTER: {"total": 200.0, "main": 70.0, "children": [65.0, 65.0]}},
+        "rss_after": {peers.ROUTER: {"total": 230.0, "main": 70.0, "children": [80.0, 80.0]}},
+    }
+    args = peers.parse_args(["--quick", "--connections", "1,50,1000"])
+    assert (args.duration, args.rounds, args.conns) == (2.0, 1, [1, 50, 1000])
+    text = peers.render(results, args)
+    lines = text.splitlines()
+    router = next(line for line in lines if line.startswith("| scoperouter | 1,000 |"))
+    assert "| 24,000 | 0.70 |" in router and "230 (workers 80 / 80)" in router
+    assert any(line.startswith("| --- | ---: |") for line in lines)
+    assert "| router CPU/request at 1,000 conns vs at 50 | <= 1.2x | 1.10x" in text
+    assert "MISS |" in text and "PASS |" in text
+    assert (
+        "- scoperouter RSS: 200 (workers 65 / 65) MB before the run" in text
+        and "(+30.0 MB)" in text
+    )
+
+
+def test_bench_wan_makes_its_certificates_without_the_lab(tmp_path: Path) -> None:
+    """bench.wan needs the bench extra, not the lab package (it failed with
+    ModuleNotFoundError: scoperouter_lab): its certificates come from scoperouter.pki."""
+    code = textwrap.dedent(
+        f"""
+        import importlib.abc, sys
+        from pathlib import Path
+
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "scoperouter_lab":
+                    raise ModuleNotFoundError(f"No module named {{name!r}} (blocked)", name=name)
+                return None
+
+        sys.meta_path.insert(0, Block())
+        import bench.wan
+        from tests.integration.certs import federation_ca
+        ca, certs = federation_ca(Path({str(tmp_path)!r}), {{"CloudOne": "127.0.0.2"}})
+        print(ca.exists() and certs["CloudOne"].exists())
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.strip() == "True", done.stderr[-3000:]

@@ -702,6 +702,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "(10 rounds of the point's clients, at least 60)",
     )
     parser.add_argument("--json", type=Path, help="also write every figure here")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the work dir (configs, logs), even on success"
+    )
     return parser.parse_args(argv)
 
 
@@ -739,6 +742,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         wan.teardown()
+        if not args.keep:  # a failed run too (its work dir was left behind)
+            shutil.rmtree(workdir, ignore_errors=True)
     result["machine"] = {
         "load_average": os.getloadavg(),
         "delay_ms": args.delay_ms,
@@ -748,7 +753,6 @@ def main(argv: list[str] | None = None) -> int:
     print(render(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
-    shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 

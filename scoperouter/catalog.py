@@ -50,10 +50,27 @@ class URL:
         return self.base + self.path
 
 
+# The URLs a federation config is made of (``http://router.example:9292/v2``): a host name or
+# IPv4 address, a port, a path; read without urlsplit (a 10,000-cloud config has 300,000).
+# Anything else (IPv6, user info, upper case, spaces...) takes urlsplit's path.
+_SIMPLE_URL = re.compile(r"(https?)://([a-z0-9.-]+)(?::([0-9]{1,5}))?(/[^?#\s]*)?")
+
+
 def parse_url(text: str) -> URL:
     """Parse an absolute http/https URL; raises ValueError with a reason."""
     if not isinstance(text, str) or not text:
         raise ValueError("expected an http:// or https:// URL")
+    simple = _SIMPLE_URL.fullmatch(text)
+    if simple is not None:
+        scheme, host, port_text, path = simple.groups()
+        port = int(port_text) if port_text else 0
+        if port <= 65535 and host.strip("."):  # else urlsplit says what is wrong
+            return URL(scheme, host, port or DEFAULT_PORTS[scheme], (path or "").rstrip("/"))
+    return _parse_any_url(text)
+
+
+def _parse_any_url(text: str) -> URL:
+    """:func:`parse_url` by urlsplit, whatever the URL's form."""
     parts = urlsplit(text)
     if parts.scheme not in DEFAULT_PORTS:
         raise ValueError(f"{text!r} is not an http:// or https:// URL")
@@ -78,7 +95,7 @@ def untemplated(url: URL) -> tuple[URL, str]:
     none). Keystone fills the template in each token's catalog, so requests arrive with the
     project's own segment there: the router matches the fixed part and forwards the rest of
     the path unchanged."""
-    found = _TEMPLATE.search(url.path)
+    found = _TEMPLATE.search(url.path) if "(" in url.path else None  # (most URLs have none)
     if found is None:
         return url, ""
     cut = url.path.rfind("/", 0, found.start())
@@ -343,26 +360,39 @@ class Catalog:
     def __post_init__(self) -> None:
         by_location: dict[tuple[str, int], dict[str, _Located]] = {}
         by_target: dict[tuple[str, str, str], Endpoint] = {}
+        versioned: list[tuple[dict[str, _Located], str, _Located]] = []
         for cloud in self.clouds.values():
             for ep in cloud.endpoints:
                 by_target[(cloud.name, ep.service_type, ep.interface)] = ep
                 for kind, url in _urls(ep):
-                    prefixes = by_location.setdefault((url.host, url.port), {})
-                    prefixes[url.path] = _prefer(prefixes.get(url.path), (ep, kind, False), url)
-        # Second pass, so an exact URL always beats another endpoint's version-less form.
-        for cloud in self.clouds.values():
-            for ep in cloud.endpoints:
-                for kind, url in _urls(ep):
-                    bare = strip_version(url.path)
-                    prefixes = by_location[(url.host, url.port)]
-                    if bare != url.path and bare not in prefixes:
-                        prefixes[bare] = (ep, kind, True)
+                    location = (url.host, url.port)
+                    prefixes = by_location.get(location)
+                    if prefixes is None:
+                        prefixes = by_location[location] = {}
+                    path = url.path
+                    existing = prefixes.get(path)
+                    located: _Located = (ep, kind, False)
+                    prefixes[path] = (
+                        located if existing is None else _prefer(existing, located, url)
+                    )
+                    if "/v" in path:  # (the only paths strip_version may change)
+                        bare = strip_version(path)
+                        if bare != path:
+                            versioned.append((prefixes, bare, (ep, kind, True)))
+        # Afterwards, so an exact URL always beats another endpoint's version-less form.
+        for prefixes, bare, located in versioned:
+            if bare not in prefixes:
+                prefixes[bare] = located
         object.__setattr__(
             self,
             "_by_location",
             {
                 location: (
-                    tuple(sorted(prefixes.items(), key=lambda item: -len(item[0])))
+                    (
+                        tuple(prefixes.items())
+                        if len(prefixes) == 1
+                        else tuple(sorted(prefixes.items(), key=_longest_first))
+                    )
                     if len(prefixes) <= _SCAN_MAX
                     else None,
                     prefixes,
@@ -435,6 +465,10 @@ _INTERFACE_RANK = {name: rank for rank, name in enumerate(INTERFACES)}
 
 def _urls(ep: Endpoint) -> tuple[tuple[Literal["public", "backend"], URL], ...]:
     return (("public", ep.url), ("backend", ep.backend))
+
+
+def _longest_first(item: tuple[str, _Located]) -> int:
+    return -len(item[0])
 
 
 def _prefer(existing: _Located | None, new: _Located, url: URL) -> _Located:

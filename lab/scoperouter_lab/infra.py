@@ -170,9 +170,11 @@ def ensure_packages(paths: LabPaths, need_rabbit: bool) -> str:
         policy.chmod(0o755)
         created = True
     try:
-        run(["apt-get", "update", "-q"], log, what="apt-get update", env=env, timeout=600)
+        # another apt (a second lab's, CI's) may hold dpkg's lock: wait for it, not fail
+        apt = ["apt-get", "-o", "DPkg::Lock::Timeout=600"]
+        run([*apt, "update", "-q"], log, what="apt-get update", env=env, timeout=900)
         run(
-            ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
+            [*apt, "install", "-y", "-q", "--no-install-recommends", *missing],
             log,
             what=f"apt-get install {' '.join(missing)}",
             env=env,

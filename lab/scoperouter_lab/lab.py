@@ -43,6 +43,7 @@ from scoperouter_lab.layout import (
     needs_messaging,
     service_types,
 )
+from scoperouter_lab.nextsteps import Commands, next_steps
 from scoperouter_lab.procs import ProcessTable, fingerprint
 from scoperouter_lab.templates import CloudContext, Secrets
 
@@ -460,43 +461,8 @@ class Lab:
         return f"ok ({'through the routers' if self.routed else 'direct'})"
 
     def _print_next_steps(self) -> None:
-        c1 = self.clouds[0]
-        other = self.clouds[1] if len(self.clouds) > 1 else c1
-        # The openstack CLI installed beside scoperouter carries the --os-scope plugin; the lab
-        # venv's (for the services) does not.
-        ours = shutil.which("openstack", path=str(Path(sys.executable).parent))
-        cli = ours or str(self.paths.venv / "bin" / "openstack")
-        scope = f'{{"image": "{other.name}"}}'
-        if ours:
-            tiny = f"$({cli} --os-cloud {other.slug} image show tiny -f value -c id)"
-            scoped_lines = [
-                f"  {cli} --os-cloud {c1.slug} --os-scope '{scope}' image list",
-                f"  # the headline: a server in {c1.name} booted from an image of {other.name}",
-                f"  {cli} --os-cloud {c1.slug} --os-scope '{scope}' \\",
-                f"      server create --image {tiny} --flavor m1.tiny --nic none vm2 --wait",
-            ]
-        else:
-            image_front = c1.endpoint_url("image", self.routed)
-            scoped_lines = [
-                "  # (pip install 'scoperouter[client]' adds --os-scope to the openstack CLI)",
-                f"  TOKEN=$({cli} --os-cloud {c1.slug} token issue -f value -c id)",
-                f"  curl -s -H \"X-Auth-Token: $TOKEN\"'!SCOPE!{scope.replace(' ', '')}' "
-                f"{image_front}/v2/images",
-            ]
-        scoped = "\n".join(scoped_lines)
-        print(
-            f"""
-Next:
-  export OS_CLIENT_CONFIG_FILE={self.paths.clouds_yaml}
-  {cli} --os-cloud {c1.slug} image list
-  {cli} --os-cloud {c1.slug} server create --image tiny --flavor m1.tiny --nic none vm1 --wait
-  # scoped: enter {c1.name}, use the images of {other.name}
-{scoped}
-Federation config: {self.paths.federation_yaml}
-Logs: {self.paths.logs}/<cloud>/<service>.log     Status: scoperouter lab status     Stop: scoperouter lab down"""  # noqa: E501
-        )
-        if not self.routed:
-            print("NOTE: no router in front of the clouds (scoped calls are not routed).")
+        commands = Commands.find(Path(sys.executable).parent, self.paths)
+        print(next_steps(self.clouds, self.services, self.paths, self.routed, commands))
 
     # ------------------------------------------------------------------ status
 

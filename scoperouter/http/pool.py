@@ -3,7 +3,10 @@ opened ahead toward peer routers, verified with TLS.
 
 Idle keep-alive connections are reused (at most :data:`IDLE_MAX` per origin, closed after
 :data:`IDLE_SECONDS` idle, or after the idle time of a peer router's link). A backend's are
-taken most recently used first (the pool shrinks to what the load needs).
+taken most recently used first (the pool shrinks to what the load needs). The pool keeps idle
+what the load had in flight: a cap below the requests a worker has in flight made every request
+above it open a connection and close it again (at 1,000 client connections most of them: the
+router's cost per request grew with the number of connections).
 
 Peer routers (the other clouds' routers, on their peer links) are *warm* origins: the pool
 opens :attr:`Warm.count` connections to each at start and keeps that many open (another is
@@ -41,7 +44,7 @@ from scoperouter.http.upstream import Origin, UpstreamConnection
 
 logger = logging.getLogger("scoperouter")
 
-IDLE_MAX = 64  # idle upstream connections kept per origin
+IDLE_MAX = 1024  # idle upstream connections kept per origin (each one was in use at a peak)
 IDLE_SECONDS = 15.0  # an idle upstream connection older than this is closed
 WARM_RETRY_SECONDS = 5.0  # a failed connect ahead to a peer router is tried again after this,
 WARM_RETRY_MAX = 60.0  # doubling up to this while it keeps failing
@@ -274,11 +277,15 @@ class Pool:
         for origin, idle in self.idle.items():
             limit = self.idle_seconds.get(origin, IDLE_SECONDS)
             gone = [c for c in idle if now - c.idle_since > limit or not c.open]
+            if not gone:
+                continue
             warm = self.warm.get(origin)
             if warm is not None:
                 warm.expired(sum(1 for c in gone if c.open))  # not those the peer closed
+            kept = [c for c in idle if now - c.idle_since <= limit and c.open]
+            idle.clear()
+            idle.extend(kept)  # in their order (one pass, not a removal per connection)
             for conn in gone:
-                idle.remove(conn)
                 conn.discard()
         for origin in self.warm:
             self.refill(origin)

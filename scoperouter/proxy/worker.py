@@ -91,15 +91,36 @@ class Worker:
 
                 self.forward = ForwardProxy(self.pipeline, listener, workdir, self.sockets)
         self._stop = asyncio.Event()
+        self._reloading: asyncio.Task[None] | None = None
+        self._reload_again = False
 
     def reload(self) -> None:
-        try:
-            done = self.config.reload()
-            metrics.RELOADS.labels("ok" if done else "refused").inc()
-            if done and self.forward is not None:
-                self.forward.reload()
-        except Exception:  # a reload must never take the router down
-            logger.exception("reload failed; the current config stays in use")
+        """SIGHUP. The file is read and checked in a thread, so requests go on meanwhile (a
+        10,000-cloud config takes seconds); the new catalog is swapped in here, on the loop.
+        A SIGHUP during a reload reads the file once more after it."""
+        if self._reloading is not None and not self._reloading.done():
+            self._reload_again = True
+            return
+        self._reloading = asyncio.get_running_loop().create_task(self._reload())
+
+    async def _reload(self) -> None:
+        self._reload_again = True
+        while self._reload_again:
+            self._reload_again = False
+            logger.info("reloading %s", self.config.source or self.config.path)
+            try:
+                catalog = await asyncio.to_thread(self.config.read)
+                done = catalog is not None and self.config.apply(catalog)
+                metrics.RELOADS.labels("ok" if done else "refused").inc()
+                if done and self.forward is not None:
+                    self.forward.reload()
+            except Exception:  # a reload must never take the router down
+                logger.exception("reload failed; the current config stays in use")
+                continue
+            if done:
+                # The new catalog lives until the next reload: out of the collector's sight,
+                # as what start-up made (a full collection would walk all of it).
+                gc.freeze()
 
     async def run(self, control: socket.socket | None, drain: float) -> int:
         loop = asyncio.get_running_loop()

@@ -76,13 +76,23 @@ class RouterConfig:
     def reload(self) -> bool:
         """Re-read the config file; on any problem keep the current catalog (logged). True if
         swapped."""
+        catalog = self.read()
+        return catalog is not None and self.apply(catalog)
+
+    def read(self) -> Catalog | None:
+        """The config file's catalog, read and checked (None when refused, logged): the part of
+        a reload that touches nothing in use, which a worker runs in a thread."""
         try:
             catalog = self._load(self.path)
             if self.cloud not in catalog.clouds:
                 raise ConfigError(self.path, f"cloud {self.cloud!r} is no longer defined")
         except ConfigError as exc:
             logger.error("reload refused, keeping the current config: %s", exc)
-            return False
+            return None
+        return catalog
+
+    def apply(self, catalog: Catalog) -> bool:
+        """Swap in `catalog` (from :meth:`read`); True if swapped."""
         new = listeners_for(catalog, self.cloud)
         if listener_signature(new) != listener_signature(self.listeners):
             # The sockets cannot change in place (the supervisor refuses such a reload first).

@@ -1,11 +1,11 @@
-"""Throw-away certificates for TLS frontends and peer links on loopback addresses (tests only),
-made by the lab's own CA code (:mod:`scoperouter_lab.pki`)."""
+"""Throw-away certificates for TLS frontends and peer links on loopback addresses (tests and
+``bench.wan``), made by scoperouter's own CA code (:mod:`scoperouter.pki`: no lab needed)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from scoperouter_lab import pki
+from scoperouter import pki
 
 
 def issue(directory: Path, *ips: str, name: str = "frontend") -> tuple[Path, Path, Path]:

@@ -285,9 +285,17 @@ def _dropped(relay: Relay, before: int, since: float) -> int:
 
 
 def _burst(links: Links, n: int) -> None:
-    """`n` scoped requests at once, each held 0.3 s by CloudTwo's backend."""
+    """`n` scoped requests at once, each held 1 s by CloudTwo's backend: they all overlap
+    there even on a loaded machine (the threads start together at a barrier; with 0.3 s, CI
+    saw threads started late enough that only 4 of 6 were in flight together)."""
+    ready = threading.Barrier(n)
+
+    def one(_: int) -> Any:
+        ready.wait(10)
+        return links.scoped_get("/sleep/1.0")
+
     with ThreadPoolExecutor(n) as threads:
-        replies = list(threads.map(lambda _: links.scoped_get("/sleep/0.3"), range(n)))
+        replies = list(threads.map(one, range(n)))
     assert [r.status for r in replies] == [200] * n, [r.body[:200] for r in replies]
 
 

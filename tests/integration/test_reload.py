@@ -3,10 +3,15 @@ refused and the old config keeps routing; a listener change asks for a restart."
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import signal
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -150,3 +155,63 @@ def test_sigterm_lets_a_request_in_flight_finish(solo: Setup) -> None:
     client.join(timeout=10)
     reply = result["reply"]
     assert reply.status == 200, reply  # type: ignore[attr-defined]
+
+
+def test_requests_are_answered_while_a_big_config_reloads(tmp_path: Path) -> None:
+    """A worker reads a reloaded config in a thread: its requests go on being answered while
+    it does (a 4,000-cloud file takes a while), where reading it on the event loop answered
+    none until the new catalog was in. Answers are counted between the worker's 'reloading'
+    and 'reloaded' lines (one worker, so nothing else could answer)."""
+    backend = EchoBackend("127.0.1.10", name="big").start()
+    port = free_port(HOST)
+    config = tmp_path / "big.json"
+    clouds = {"Solo": cloud_entry(HOST, {"image": (port, "", backend.url)})}
+    for i in range(4000):  # names only, never resolved
+        name = f"Big{i:04d}"
+        clouds[name] = cloud_entry(
+            f"router.{name.lower()}.example",
+            {st: (9000 + n, "/v1", f"http://ctl.{name.lower()}.example:{9000 + n}/v1")
+             for n, st in enumerate(("image", "compute", "volume"))},
+        )  # fmt: skip
+    config.write_text(json.dumps({"version": 1, "clouds": clouds}))
+    router = Router("Solo", config, tmp_path / "big.log", [(HOST, port)], workers=1)
+    start_all([router])
+    answered: list[float] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        conn = http.client.HTTPConnection(HOST, port, timeout=30)
+        while not stop.is_set():
+            conn.request("GET", "/v2/images")
+            reply = conn.getresponse()
+            reply.read()
+            if reply.status == 200:
+                answered.append(time.time())
+
+    thread = threading.Thread(target=client, daemon=True)
+    try:
+        thread.start()
+        while not answered:
+            time.sleep(0.01)
+        config.write_text(config.read_text())  # the same catalog, read again
+        router.signal(signal.SIGHUP)
+        router.wait_for_log("reloaded", timeout=120)
+        stop.set()
+        thread.join(30)
+    finally:
+        stop.set()
+        codes = stop_all([router])
+        backend.stop()
+    assert codes == {"Solo": 0}, router.log_text()
+    lines = [json.loads(line) for line in router.log_text().splitlines() if line.startswith("{")]
+    start, end = (
+        _ts(next(r for r in lines if r["msg"].startswith(word)))
+        for word in ("reloading", "reloaded")
+    )
+    during = [t for t in answered if start < t < end]
+    assert end - start > 0.05, "the reload was too quick to tell"  # 4,000 clouds: never here
+    assert len(during) >= 3, (f"{len(during)} answers in the {end - start:.2f} s of the reload",)
+
+
+def _ts(record: dict[str, str]) -> float:
+    return datetime.strptime(record["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -558,3 +560,72 @@ def test_a_state_from_another_version_of_the_lab_is_read(tmp_path: Path):
     assert (sec.admin, sec.db, sec.rabbit) == ("a", "p", "r")
     assert sec.demo and sec.router and sec.alt_demo  # made for what the state lacked
     assert lab.state["cloud_secrets"]["cloudone"]["no_such_secret"] == "z"  # kept for its owner
+
+
+def _commands_of(text: str) -> list[list[str]]:
+    """The shell commands of `lab up`'s closing lines (not comments, exports or labels)."""
+    import shlex
+
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        for label in ("Status:", "Stop:"):  # "Status: CMD     Stop: CMD"
+            line = line.replace(label, "\n")
+        for part in line.split("\n"):
+            part = part.strip()
+            if not part or part.startswith(
+                ("#", "export ", "Next:", "Logs:", "Federation", "NOTE")
+            ):
+                continue
+            if part.endswith("\\") or part.startswith("server create"):
+                continue  # a continued line: its head is checked
+            out.append(shlex.split(part.split("$(")[0]))
+    return out
+
+
+@pytest.mark.parametrize("on_path", [False, True])
+def test_lab_up_prints_only_commands_that_run_as_printed(tmp_path: Path, monkeypatch, on_path):
+    """`lab up`'s closing lines name programs a shell finds: scoperouter's venv is often not on
+    PATH (then the absolute path is printed); every scoperouter command printed parses."""
+    from scoperouter_lab.layout import LabPaths
+    from scoperouter_lab.nextsteps import Commands, next_steps
+
+    bin_dir = Path(sys.executable).parent  # this venv: scoperouter and openstack are here
+    monkeypatch.setenv("PATH", str(bin_dir) if on_path else "/usr/bin:/bin")
+    cmd = Commands.find(bin_dir, LabPaths(tmp_path))
+    text = next_steps(
+        [CloudSpec(1), CloudSpec(2)],
+        ("keystone", "glance", "placement", "nova"),
+        LabPaths(tmp_path),
+        True,
+        cmd,
+    )
+    commands = _commands_of(text)
+    names = {"scoperouter"} | ({"openstack"} if cmd.openstack else set())
+    assert {c[0] for c in commands if c[0] != cmd.lab_openstack} == (
+        names if on_path else {str(bin_dir / n) for n in names}
+    )
+    for argv in commands:
+        assert shutil.which(argv[0]), argv  # a shell with this PATH finds it
+    lab_commands = [c for c in commands if c[0].endswith("scoperouter")]
+    assert [c[1:] for c in lab_commands] == [["lab", "status"], ["lab", "down"]]
+    for argv in lab_commands:
+        done = subprocess.run(
+            [*argv, "--help"], capture_output=True, text=True, timeout=60,
+            env={**os.environ, "PATH": str(bin_dir)},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+
+
+def test_lab_up_prints_no_step_for_a_service_it_does_not_run(tmp_path: Path):
+    from scoperouter_lab.layout import LabPaths
+    from scoperouter_lab.nextsteps import Commands, next_steps
+
+    cmd = Commands(scoperouter="scoperouter", openstack="openstack", lab_openstack="x")
+    clouds = [CloudSpec(1), CloudSpec(2)]
+    no_nova = next_steps(clouds, ("keystone", "glance"), LabPaths(tmp_path), True, cmd)
+    assert "image list" in no_nova and "server create" not in no_nova
+    keystone = next_steps(clouds, ("keystone",), LabPaths(tmp_path), True, cmd)
+    assert "image" not in keystone and "token issue" in keystone
+    everything = next_steps(clouds, ("keystone", "glance", "nova"), LabPaths(tmp_path), True, cmd)
+    assert everything.count("server create") == 2  # local, then the headline

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from scoperouter.http.pool import IDLE_MAX, Pool, Warm, WarmSpec, client_context
+from scoperouter.http.pool import Pool, Warm, WarmSpec, client_context
 from scoperouter.http.upstream import Origin, UpstreamConnection
 
 PEER = Origin("https", "127.0.0.3", 9443)
@@ -76,7 +76,6 @@ def test_a_warm_target_doubles_on_a_miss_and_shrinks_as_connections_expire() -> 
     off = Warm(count=0, timeout=5.0, target=0)
     off.missed(40)  # settings.peers.warm: 0 opens nothing ahead, whatever the load
     assert off.target == 0
-    assert IDLE_MAX == 64
 
 
 def test_the_pool_lends_peer_connections_least_recently_used_first_and_counts_them() -> None:
@@ -126,3 +125,19 @@ def test_the_sweep_expires_a_lent_connection_past_its_response_deadline() -> Non
     pool.sweep(now)
     assert late.timed_out and late.error == "response timeout" and late.transport.closed
     assert not early.timed_out and early.error is None
+
+
+def test_the_pool_keeps_idle_what_the_load_had_in_flight_and_tidies_in_one_pass() -> None:
+    """300 exchanges in flight at once give back 300 connections: all stay idle for the next
+    300 (a cap of 64 closed the rest, and the next burst opened them again); tidy closes those
+    past their idle time and keeps the others in their order."""
+    pool = _pool()
+    conns = _idle(pool, BACKEND, 300)
+    assert list(pool.idle[BACKEND]) == conns
+    now = time.monotonic()
+    for conn in conns[::2]:
+        conn.idle_since = now - 60  # past IDLE_SECONDS
+    pool.tidy(now)
+    assert list(pool.idle[BACKEND]) == conns[1::2]
+    assert all(c.transport.closed for c in conns[::2])  # discarded
+    assert not any(c.transport.closed for c in conns[1::2])
