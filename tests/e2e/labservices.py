@@ -1,10 +1,9 @@
 """Helpers of the e2e tests of the lab's optional services (swift, cinder, heat): skip when the
-lab runs without one, sample a router's memory, make a scoped token."""
+lab runs without one, find a router's process record, make a scoped token."""
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,38 +30,6 @@ def router_record(lab: Any, cloud: CloudSpec) -> Record:
     rec = lab.process_table().get(f"{cloud.slug}-router")
     assert rec is not None and rec.alive(), f"{cloud.name}'s router is not running"
     return rec
-
-
-class GroupRSS:
-    """Resident memory of a lab process and its children (a router: its supervisor and its
-    workers), sampled every `interval` seconds in a thread while the block runs: start, peak,
-    end."""
-
-    def __init__(self, record: Record, interval: float = 0.05) -> None:
-        self.record = record
-        self.interval = interval
-        self.start = self.peak = self.end = record.rss()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.record.rss())
-            self._stop.wait(self.interval)
-
-    def __enter__(self) -> GroupRSS:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.end = self.record.rss()
-        self.peak = max(self.peak, self.end)
-
-    def describe(self) -> str:
-        mb = 2**20
-        return f"{self.start / mb:.0f} MB -> peak {self.peak / mb:.0f} MB -> {self.end / mb:.0f} MB"
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout: float = 180) -> Any:

@@ -22,12 +22,12 @@ import pytest
 import requests
 
 from tests.e2e.labservices import (
-    GroupRSS,
     require_service,
     router_record,
     scoped_token,
     wait_until,
 )
+from tests.e2e.memory import RSSSampler
 from tests.e2e.osc import cli
 
 pytestmark = pytest.mark.e2e
@@ -98,7 +98,10 @@ def test_100mb_object_through_two_routers_streams(lab, swift, container):
     sent = {"md5": hashlib.md5(), "sha256": hashlib.sha256()}
     routers = [router_record(lab, one), router_record(lab, two)]
     since = {c.name: _size(lab.paths.log(c, "router")) for c in (one, two)}
-    with GroupRSS(routers[0]) as rss_one, GroupRSS(routers[1]) as rss_two:
+    with (
+        RSSSampler(measure=routers[0].rss, interval=0.05) as rss_one,
+        RSSSampler(measure=routers[1].rss, interval=0.05) as rss_two,
+    ):
         t0 = time.monotonic()
         put = session.put(url, headers=scoped, data=_stream(BIG_MB * CHUNK, sent), timeout=600)
         t_put = time.monotonic() - t0
