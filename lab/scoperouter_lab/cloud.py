@@ -338,23 +338,22 @@ class CloudRunner:
 
         self._once("placement-db-sqlite", "placement db sync (SQLite)", sync)
 
-    def cinder_setup(self) -> None:
-        conf = str(self.ctx.etc("cinder") / "cinder.conf")
+    def _db_sync_once(self, service: str, *args: str) -> None:
+        """`<service>-manage --config-file <service>.conf ARGS`, once (cinder's, heat's)."""
+        conf = str(self.ctx.etc(service) / f"{service}.conf")
+        argv = [str(self.paths.venv_bin(f"{service}-manage")), "--config-file", conf, *args]
+        what = f"{service}-manage {' '.join(args)}"
 
         def sync() -> None:
-            manage = str(self.paths.venv_bin("cinder-manage"))
-            self._manage([manage, "--config-file", conf, "db", "sync"], "cinder-manage db sync")
+            self._manage(argv, what)
 
-        self._once("cinder-db", "cinder db sync", sync)
+        self._once(f"{service}-db", f"{service} db sync", sync)
+
+    def cinder_setup(self) -> None:
+        self._db_sync_once("cinder", "db", "sync")
 
     def heat_setup(self) -> None:
-        conf = str(self.ctx.etc("heat") / "heat.conf")
-
-        def sync() -> None:
-            manage = str(self.paths.venv_bin("heat-manage"))
-            self._manage([manage, "--config-file", conf, "db_sync"], "heat-manage db_sync")
-
-        self._once("heat-db", "heat db sync", sync)
+        self._db_sync_once("heat", "db_sync")
 
     def swift_setup(self) -> None:
         """The rings (account, container, object: one device each, `d1` on this cloud's
