@@ -6,6 +6,7 @@ venv::
     sudo .venv/bin/python -m bench.wan                      # ~3 minutes, table on stdout
     .venv/bin/python -m bench.wan --requests 50 --concurrency 1   # a quick look
     .venv/bin/python -m bench.wan --json wan.json
+    .venv/bin/python -m bench.wan --clouds 10 --router-python-flags=-O   # merged lists, 10 clouds
 
 **The link.** This kernel has no netem, so the delay is made in user space: the ``forward``
 subcommand (run by the bench in the root namespace) opens two TUN devices, the bench moves one
@@ -29,6 +30,17 @@ processes use its own loopback (127.x) for everything that does not cross the li
 
 Per point: p50/p99 latency, WAN handshakes per request, ratios to the direct open connection
 (the floor) and to the direct new connection.
+
+**N clouds** (``--clouds N``; TLS between routers unless ``--between`` says otherwise):
+CloudOne's router in A as above, and CloudTwo..CloudN each with its own router in B (on its
+own address on B's end of the link: 10.250.0.2, .3, ...; A routes 10.250.0.0/24 to the link)
+and its own backend on B's loopback (127.0.1.3, .4, ...; CloudOne's is 127.0.1.2 in A), each
+backend answering its cloud's glance-style image list. CloudOne's router has a verified TLS
+peer link to every other router (a warm pool to each). Besides the points above, the merged
+list ``GET /v2/images`` scoped ``{"image": "CloudTwo & ... & CloudN"}`` and the same with
+CloudOne, at each ``--concurrency`` after a warm-up; a merged answer is checked (every cloud's
+images, in order) before and after the load. Under the table: the issue-21 target (p50 <= 60
+ms at 10 clouds, 25 ms each way) as PASS/MISS (:mod:`bench.wan_clouds`).
 
 Everything the bench starts is stopped by PID at the end, on an error and on Ctrl-C; the
 namespaces are deleted, and the TUN devices vanish with the forwarder.
@@ -58,19 +70,11 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from bench import wan_clouds
 from bench.procs import BenchError, Proc, Processes
+from bench.wan_clouds import A_ADDR, B_ADDR, PORTS, ROUTER_A
 
-A_ADDR, B_ADDR = "10.250.0.1", "10.250.0.2"
-ROUTER_A = "127.0.0.2"  # CloudOne's router frontend, inside A
-BACKEND_B = "127.0.1.3"  # CloudTwo's backend, inside B
-PORTS = {
-    "plain": 8000,
-    "tls": 8443,
-    "backend": 8001,
-    "router": 9292,
-    "identity": 5000,
-    "peer": 9443,
-}
+BACKEND_B = wan_clouds.backend_host(1)  # CloudTwo's backend, inside B
 TOKEN = "gAAAAABm" + "x" * 175  # Fernet-sized; the routers do not validate tokens here
 SCOPE = '{"image":"CloudTwo"}'
 
@@ -146,8 +150,10 @@ def forward(names: tuple[str, str], delay: float) -> None:
 class _Server(asyncio.Protocol):
     """A minimal keep-alive HTTP/1.1 server for GETs: a small JSON body, like a tiny API."""
 
-    def __init__(self, name: str) -> None:
-        self.body = json.dumps({"images": [{"id": "4b7ca3b4", "name": "cirros"}], "at": name})
+    def __init__(self, name: str, body: str | None = None) -> None:
+        self.body = body or json.dumps(
+            {"images": [{"id": "4b7ca3b4", "name": "cirros"}], "at": name}
+        )
         self.buf = b""
         self.transport: asyncio.Transport | None = None
 
@@ -183,8 +189,17 @@ async def _serve(listeners: list[str], cert: str | None, key: str | None) -> Non
             context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             assert cert and key
             context.load_cert_chain(cert, key)
+        # glance=<cloud>: that cloud's image list (bench.wan --clouds), else a tiny body
+        body = next(
+            (json.dumps(wan_clouds.glance_list(f[7:])) for f in flags if f.startswith("glance=")),
+            None,
+        )
         await loop.create_server(
-            lambda spec=spec: _Server(spec), host, int(port), ssl=context, backlog=512
+            lambda spec=spec, body=body: _Server(spec, body),
+            host,
+            int(port),
+            ssl=context,
+            backlog=512,
         )
     print("ready", flush=True)
     stop = asyncio.Event()
@@ -202,6 +217,7 @@ async def _load(
     new_connections: bool,
     cafile: str | None,
     headers: dict[str, str],
+    keep_body: bool = False,
 ) -> dict[str, Any]:
     parts = urlsplit(url)
     host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
@@ -213,6 +229,7 @@ async def _load(
     statuses: dict[int, int] = {}
     errors: list[str] = []
     left = [requests]
+    last_body = [b""]
 
     async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int:
         writer.write(request)
@@ -221,7 +238,9 @@ async def _load(
         while (line := await reader.readline()) not in (b"\r\n", b""):
             if line.lower().startswith(b"content-length:"):
                 length = int(line.split(b":")[1])
-        await reader.readexactly(length)
+        body = await reader.readexactly(length)
+        if keep_body:
+            last_body[0] = body
         return int(status_line.split()[1])
 
     async def worker(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None) -> None:
@@ -254,7 +273,7 @@ async def _load(
     )
     await asyncio.gather(*(worker(conn) for conn in opened))
     latencies.sort()
-    return {
+    result = {
         "requests": len(latencies),
         "errors": len(errors),
         "error_kinds": sorted(set(errors)),
@@ -263,6 +282,9 @@ async def _load(
         "p99_ms": _percentile(latencies, 0.99),
         "mean_ms": statistics.fmean(latencies) if latencies else None,
     }
+    if keep_body:  # the last answer's body (the sanity check of a merged list)
+        result["body"] = last_body[0].decode("utf-8", "replace")
+    return result
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -301,6 +323,10 @@ class Wan:
         self.ca: Path | None = None
         self.notes: list[str] = []
         self.running_routers: list[Proc] = []  # their CPU time is measured per point
+        # --clouds N: CloudOne in A, CloudTwo..CloudN in B, merged lists measured too
+        self.names = wan_clouds.cloud_names(args.clouds or 2)
+        self.merged_checks: list[dict[str, Any]] = []
+        self.timelines: list[dict[str, Any]] = []  # from the access lines, when logged
 
     # namespaces and the link
     def ip(self, *argv: str, ns: str | None = None) -> None:
@@ -342,6 +368,12 @@ class Wan:
             self.ip("link", "set", "lo", "up", ns=ns)
             self.ip("addr", "add", here, "peer", there, "dev", tun, ns=ns)
             self.ip("link", "set", tun, "up", ns=ns)
+        if len(self.names) > 2:
+            # CloudThree.. have their own addresses on B's end of the link, A routes to them.
+            for index in range(2, len(self.names)):
+                here = wan_clouds.peer_host(index)
+                self.ip("addr", "add", here, "dev", self.tuns[1], ns=self.ns[1])
+            self.ip("route", "add", "10.250.0.0/24", "dev", self.tuns[0], ns=self.ns[0])
 
     def counters(self) -> dict[str, int]:
         assert self.link is not None
@@ -369,7 +401,13 @@ class Wan:
         return proc
 
     def load(
-        self, url: str, concurrency: int, requests: int, new: bool, headers: dict[str, str]
+        self,
+        url: str,
+        concurrency: int,
+        requests: int,
+        new: bool,
+        headers: dict[str, str],
+        keep_body: bool = False,
     ) -> dict[str, Any]:
         argv = [
             "ip",
@@ -392,6 +430,8 @@ class Wan:
         ]
         if self.ca is not None:
             argv += ["--cafile", str(self.ca)]
+        if keep_body:
+            argv.append("--keep-body")
         done = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=900)
         if done.returncode:
             raise BenchError(f"the load client failed: {done.stderr.strip()[-2000:]}")
@@ -435,7 +475,7 @@ class Wan:
             f"p99 {_ms(point.p99_ms)} ms, {point.wan_handshakes_per_request:g} WAN handshakes/req"
             + (f", {point.errors} errors" if point.errors else "")
             + (
-                f", router CPU {' + '.join(map(str, point.router_cpu_us))} us/req"
+                f", router CPU {_cpu_text(point.router_cpu_us)} us/req"
                 if point.router_cpu_us
                 else ""
             )
@@ -444,57 +484,12 @@ class Wan:
 
     # the routers
     def federation(self, tls: bool) -> Path:
-        """Plain: CloudOne's router reaches CloudTwo's on its frontend (no peer links). TLS:
-        each router has a peer link (https, a certificate of the bench's CA, which
-        ``settings.peers.ca`` names), and CloudOne's router keeps warm connections to
-        CloudTwo's across the link."""
+        """The routers' config (:func:`bench.wan_clouds.federation_config`). Plain: CloudOne's
+        router reaches the others on their frontends (no peer links). TLS: each router has a
+        peer link (https, a certificate of the bench's CA, which ``settings.peers.ca`` names),
+        and CloudOne's router keeps warm connections to every other across the link."""
         scheme = "https" if tls else "http"
-        two: dict[str, Any] = {"url": f"http://{B_ADDR}:{PORTS['router']}"}
-        settings: dict[str, Any] = {"connect_timeout": 10.0, "response_timeout": 30.0}
-        links: dict[str, dict[str, Any]] = {}
-        if tls:
-            assert self.certs is not None
-            for name, host in (("CloudOne", A_ADDR), ("CloudTwo", B_ADDR)):
-                cert = self.certs[name]
-                links[name] = {
-                    "url": f"https://{host}:{PORTS['peer']}",
-                    "tls": {"cert": str(cert), "key": str(cert.with_suffix(".key"))},
-                }
-            settings["peers"] = {"ca": str(self.ca)}
-
-        def cloud(
-            router: str, front: dict[str, Any], backend: str, identity_host: str
-        ) -> dict[str, Any]:
-            return {
-                "region": "CloudOne" if router == ROUTER_A else "CloudTwo",
-                "frontends": [front, {"url": f"http://{identity_host}:{PORTS['identity']}"}],
-                "services": {
-                    "image": {"public": {"url": front["url"], "backend": backend}},
-                    "identity": {
-                        "public": {
-                            "url": f"http://{identity_host}:{PORTS['identity']}/v3",
-                            "backend": f"{backend}/identity/v3",
-                        }
-                    },
-                },
-            }
-
-        clouds = {
-            "CloudOne": cloud(
-                ROUTER_A,
-                {"url": f"http://{ROUTER_A}:{PORTS['router']}"},
-                f"http://127.0.1.2:{PORTS['backend']}",
-                ROUTER_A,
-            ),
-            "CloudTwo": cloud(B_ADDR, two, f"http://{BACKEND_B}:{PORTS['backend']}", B_ADDR),
-        }
-        for name, link in links.items():
-            clouds[name]["peer"] = link
-        data = {
-            "version": 1,
-            "settings": settings,
-            "clouds": clouds,
-        }
+        data = wan_clouds.federation_config(self.names, tls, self.certs, self.ca)
         path = self.workdir / f"federation-{scheme}.yaml"
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         return path
@@ -502,7 +497,8 @@ class Wan:
     def routers(self, tls: bool) -> list[Proc]:
         config = self.federation(tls)
         started = []
-        for ns, cloud in zip(self.ns, ("CloudOne", "CloudTwo"), strict=True):
+        for index, cloud in enumerate(self.names):
+            ns = self.ns[0] if index == 0 else self.ns[1]
             argv = [
                 sys.executable,
                 *self.args.router_python_flags.split(),
@@ -516,17 +512,21 @@ class Wan:
                 "--workers",
                 str(self.args.router_workers),
                 "--log-level",
-                "WARNING",
+                self.args.router_log_level,
             ]
             started.append(self.start_in(ns, f"router-{cloud}-{'tls' if tls else 'plain'}", argv))
-        # Ready when a scoped request goes through both (and says which backend answered).
+        # Ready when a scoped request goes through CloudOne's router and every other (a merged
+        # list of theirs: 200 only when each answered).
         url = f"http://{ROUTER_A}:{PORTS['router']}/v2/images"
-        deadline = time.monotonic() + 60
+        headers = (
+            scoped() if len(self.names) == 2 else scoped(wan_clouds.merged_scope(self.names[1:]))
+        )
+        deadline = time.monotonic() + 60 + 5 * len(self.names)
         while True:
             for proc in started:
                 if not proc.alive():
                     raise BenchError(f"{proc.name} exited; its log:\n{proc.log_tail()}")
-            result = self.load(url, 1, 1, True, scoped())
+            result = self.load(url, 1, 1, True, headers)
             if result["statuses"].get("200"):
                 self.running_routers = started
                 return started
@@ -534,10 +534,57 @@ class Wan:
                 raise BenchError(f"the routers do not answer 200: {result}")
             time.sleep(0.5)
 
+    def check_merged(self, clouds: list[str], label: str) -> None:
+        """One merged list through the routers: every cloud's images there, in order (as
+        bench.run's sanity_check does for its paths); a BenchError with the routers' logs
+        when not."""
+        url = f"http://{ROUTER_A}:{PORTS['router']}/v2/images"
+        result = self.load(url, 1, 1, True, scoped(wan_clouds.merged_scope(clouds)), keep_body=True)
+        status = int(next(iter(result["statuses"]), 0))
+        problem = wan_clouds.check_merged(status, result.get("body", ""), clouds)
+        images = len(clouds) * wan_clouds.IMAGES_PER_CLOUD
+        self.merged_checks.append(
+            {"path": label, "clouds": clouds, "status": status, "ok": problem is None}
+        )
+        if problem is not None:
+            raise BenchError(
+                f"sanity check failed for {label}: {problem}; router logs:\n"
+                + "\n".join(p.log_tail(8) for p in self.running_routers)
+            )
+        say(f"{label}: the merged list holds the {images} images of {len(clouds)} clouds")
+
+    def access_logged(self) -> bool:
+        return self.args.router_log_level.upper() in ("INFO", "DEBUG")
+
+    def log_marks(self) -> list[int]:
+        """Where each running router's log ends now (its lines after this are a point's)."""
+        time.sleep(1.0)  # the lines of what came before, written in batches (every 0.5 s)
+        return [_size(proc.log) for proc in self.running_routers]
+
+    def timeline(self, marks: list[int], label: str, clients: int) -> None:
+        """Where a merged point's time went, from the routers' access lines since `marks`
+        (:func:`bench.wan_clouds.timeline`): a note under the table and in the JSON."""
+        time.sleep(1.0)  # the routers write their access lines in batches (every 0.5 s)
+        texts = []
+        for proc, mark in zip(self.running_routers, marks, strict=True):
+            with open(proc.log, "rb") as log:
+                log.seek(mark)
+                texts.append(log.read().decode("utf-8", "replace").splitlines())
+        found = wan_clouds.timeline(texts[0], (line for text in texts[1:] for line in text))
+        if found is None:
+            return
+        self.timelines.append({"path": label, "concurrency": clients, **asdict(found)})
+        clients_text = f"{clients} client{'' if clients == 1 else 's'}"
+        self.notes.append(f"Where the time goes, {label}, {clients_text}: {found.text()}")
+        say(f"  {found.text()}")
+
     def run(self) -> dict[str, Any]:
         from tests.integration.certs import federation_ca
 
-        self.ca, self.certs = federation_ca(self.workdir, {"CloudOne": A_ADDR, "CloudTwo": B_ADDR})
+        self.ca, self.certs = federation_ca(
+            self.workdir,
+            {name: wan_clouds.peer_host(index) for index, name in enumerate(self.names)},
+        )
         self.setup_link()
         server = [
             sys.executable,
@@ -546,13 +593,26 @@ class Wan:
             "serve",
             f"{B_ADDR}:{PORTS['plain']}",
             f"{B_ADDR}:{PORTS['tls']}:tls",
-            f"{BACKEND_B}:{PORTS['backend']}",
+        ]
+        if self.args.clouds is None:
+            server.append(f"{BACKEND_B}:{PORTS['backend']}")
+        else:  # every cloud in B has its own backend, answering its own image list
+            server += [
+                f"{wan_clouds.backend_host(index)}:{PORTS['backend']}:glance={name}"
+                for index, name in enumerate(self.names)
+                if index
+            ]
+        server += [
             "--cert",
             str(self.certs["CloudTwo"]),
             "--key",
             str(self.certs["CloudTwo"].with_suffix(".key")),
         ]
         self.start_in(self.ns[1], "server", server, ready="ready")
+        if self.args.clouds is not None:  # CloudOne's backend, in A
+            one = f"{wan_clouds.backend_host(0)}:{PORTS['backend']}:glance={self.names[0]}"
+            argv = [sys.executable, "-m", "bench.wan", "serve", one]
+            self.start_in(self.ns[0], "server-CloudOne", argv, ready="ready")
         points: list[Point] = []
         levels = self.args.concurrency
         say("direct (the floor)")
@@ -563,32 +623,78 @@ class Wan:
                 points.append(self.point(label, url, c, new=False))
                 points.append(self.point(label, url, c, new=True))
         for tls in self.args.between:
-            say(f"two routers, {'TLS' if tls else 'plain HTTP'} between them")
+            say(
+                f"{'two' if len(self.names) == 2 else len(self.names)} routers, "
+                f"{'TLS' if tls else 'plain HTTP'} between them"
+            )
             started = self.routers(tls)
             url = f"http://{ROUTER_A}:{PORTS['router']}/v2/images"
-            for c in levels:
-                label = f"routers, {'TLS' if tls else 'plain'} between"
-                warmup = self.args.warmup if self.args.warmup is not None else max(60, 10 * c)
-                if warmup:
-                    # Steady state: the routers' pools grow to what c clients need first (each
-                    # worker's pool to the largest share of a burst the kernel gives it).
-                    warm = self.point(
-                        f"{label} (warm-up)",
-                        url,
-                        c,
-                        new=True,
-                        headers=scoped(),
-                        requests=warmup,
-                    )
-                    self.notes.append(
-                        f"{label}, {c} clients: warm-up of {warm.requests} requests before the "
-                        f"point, {warm.wan_handshakes_per_request:g} WAN handshakes/request"
-                    )
-                points.append(self.point(label, url, c, new=True, headers=scoped()))
+            between = "TLS" if tls else "plain"
+            paths = [(f"routers, {between} between", SCOPE)]
+            if self.args.clouds is not None:
+                for clouds in wan_clouds.merged_sets(self.names):
+                    label = f"merged {wan_clouds.span(clouds)}, {between} between"
+                    self.check_merged(clouds, label)
+                    paths.append((label, wan_clouds.merged_scope(clouds)))
+            for label, scope in paths:
+                for c in levels:
+                    warmup = self.args.warmup if self.args.warmup is not None else max(60, 10 * c)
+                    if warmup:
+                        # Steady state: the routers' pools grow to what c clients need first
+                        # (each worker's pool to the largest share of a burst the kernel gives
+                        # it).
+                        warm = self.point(
+                            f"{label} (warm-up)",
+                            url,
+                            c,
+                            new=True,
+                            headers=scoped(scope),
+                            requests=warmup,
+                        )
+                        self.notes.append(
+                            f"{label}, {c} clients: warm-up of {warm.requests} requests before "
+                            f"the point, {warm.wan_handshakes_per_request:g} WAN "
+                            "handshakes/request"
+                        )
+                    timed = label.startswith("merged ") and self.access_logged()
+                    marks = self.log_marks() if timed else []
+                    points.append(self.point(label, url, c, new=True, headers=scoped(scope)))
+                    if timed:
+                        self.timeline(marks, label, c)
+            if self.args.clouds is not None:  # the answers are still whole after the load
+                for clouds in wan_clouds.merged_sets(self.names):
+                    label = f"merged {wan_clouds.span(clouds)}, {between} between, after"
+                    self.check_merged(clouds, label)
             self.running_routers = []
             for proc in started:
                 self.procs.stop(proc)
-        return {"points": [asdict(p) for p in points], "notes": self.notes}
+        result: dict[str, Any] = {"points": [asdict(p) for p in points], "notes": self.notes}
+        if self.args.clouds is not None:
+            lines, overall = wan_clouds.target_lines(
+                result["points"], len(self.names), self.args.delay_ms
+            )
+            result["merged"] = {
+                "clouds": self.names,
+                "images_per_cloud": wan_clouds.IMAGES_PER_CLOUD,
+                "scopes": [wan_clouds.merged_scope(c) for c in wan_clouds.merged_sets(self.names)],
+                "checks": self.merged_checks,
+                "timelines": self.timelines,
+                "target": {
+                    "p50_ms_at_most": wan_clouds.TARGET_P50_MS,
+                    "clouds": wan_clouds.TARGET_CLOUDS,
+                    "delay_ms": wan_clouds.TARGET_DELAY_MS,
+                    "verdict": overall,
+                    "lines": lines,
+                },
+            }
+        return result
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _cpu(pid: int) -> float:
@@ -610,8 +716,8 @@ def _cpu(pid: int) -> float:
     return total
 
 
-def scoped() -> dict[str, str]:
-    return {"X-Auth-Token": f"{TOKEN}!SCOPE!{SCOPE}", "X-Scope": SCOPE}
+def scoped(scope: str = SCOPE) -> dict[str, str]:
+    return {"X-Auth-Token": f"{TOKEN}!SCOPE!{scope}", "X-Scope": scope}
 
 
 def _env() -> dict[str, str]:
@@ -646,11 +752,22 @@ def render(result: dict[str, Any]) -> str:
         lines.append(
             f"| {p.path} | {p.connection} | {p.concurrency} | {_ms(p.p50_ms)} | {_ms(p.p99_ms)} "
             f"| {p.wan_handshakes_per_request:g} | {ratio} | {ratio_new} "
-            f"| {' + '.join(map(str, p.router_cpu_us)) if p.router_cpu_us else ''} |"
+            f"| {_cpu_text(p.router_cpu_us) if p.router_cpu_us else ''} |"
             + (f" {p.errors} errors" if p.errors else "")
         )
+    merged = result.get("merged")
+    if merged:
+        lines += ["", *merged["target"]["lines"]]
     lines += [f"\n{note}" for note in result.get("notes", [])]
     return "\n".join(lines)
+
+
+def _cpu_text(per_router: list[float]) -> str:
+    """Each router's CPU per request; with more than two, CloudOne's + the others' in all."""
+    if len(per_router) <= 2:
+        return " + ".join(map(str, per_router))
+    others = per_router[1:]
+    return f"{per_router[0]} + {round(sum(others))} ({len(others)} routers)"
 
 
 def _ms(value: float | None) -> str:
@@ -674,6 +791,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     load.add_argument("--connection", choices=("new", "open"), default="new")
     load.add_argument("--cafile")
     load.add_argument("--header-json", default="{}")
+    load.add_argument("--keep-body", action="store_true")
     parser.add_argument("--delay-ms", type=float, default=25.0, help="one-way delay (25)")
     parser.add_argument("--requests", type=int, default=200, help="per point (200)")
     parser.add_argument(
@@ -685,8 +803,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--between",
         type=lambda s: [x == "tls" for x in s.split(",")],
-        default=[False, True],
-        help="router-to-router transport(s): plain,tls (both)",
+        default=None,
+        help="router-to-router transport(s): plain,tls (both; tls with --clouds)",
+    )
+    parser.add_argument(
+        "--clouds",
+        type=int,
+        default=None,
+        help="N clouds: CloudOne's router in A, CloudTwo..CloudN's routers and backends in B, "
+        "and merged lists over them measured too (without it: two clouds, no merged list)",
+    )
+    parser.add_argument(
+        "--router-log-level",
+        default="WARNING",
+        help="the routers' --log-level (WARNING; INFO: one access line per request, in the "
+        "work dir's router-*.log with --keep)",
     )
     parser.add_argument("--router-workers", type=int, default=1, help="per router (1)")
     parser.add_argument(
@@ -705,7 +836,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--keep", action="store_true", help="keep the work dir (configs, logs), even on success"
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.clouds is not None:
+        try:
+            wan_clouds.cloud_names(args.clouds)
+        except ValueError as exc:
+            parser.error(str(exc))
+    if args.between is None:
+        args.between = [True] if args.clouds is not None else [False, True]
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -725,6 +864,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.connection == "new",
                 args.cafile,
                 json.loads(args.header_json),
+                args.keep_body,
             )
         )
         print(json.dumps(result))
@@ -750,6 +890,8 @@ def main(argv: list[str] | None = None) -> int:
         "requests": args.requests,
         "router_workers": args.router_workers,
     }
+    if args.clouds is not None:
+        result["machine"]["clouds"] = args.clouds
     print(render(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

@@ -85,6 +85,23 @@ def _parse_any_url(text: str) -> URL:
     return URL(parts.scheme, parts.hostname.lower(), port, parts.path.rstrip("/"))
 
 
+_TEMPLATE = re.compile(r"[%$]\(")
+
+
+def untemplated(url: URL) -> tuple[URL, str]:
+    """A keystone endpoint URL whose path ends in substitutions, as object storage's and
+    orchestration's do (``/v1/AUTH_%(project_id)s``, ``/v1/$(tenant_id)s``): the URL of its
+    fixed part (``/v1``) and the templated rest (``/AUTH_%(project_id)s``, empty when there is
+    none). Keystone fills the template in each token's catalog, so requests arrive with the
+    project's own segment there: the router matches the fixed part and forwards the rest of
+    the path unchanged."""
+    found = _TEMPLATE.search(url.path) if "(" in url.path else None  # (most URLs have none)
+    if found is None:
+        return url, ""
+    cut = url.path.rfind("/", 0, found.start())
+    return URL(url.scheme, url.host, url.port, url.path[:cut]), url.path[cut:]
+
+
 def parse_hostport(text: str) -> tuple[str, int]:
     """``"127.0.0.2:3128"`` or ``"[::1]:3128"`` -> ``(host, port)``."""
     if not isinstance(text, str) or ":" not in text:

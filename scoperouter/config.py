@@ -35,6 +35,7 @@ from scoperouter.catalog import (
     Settings,
     parse_hostport,
     parse_url,
+    untemplated,
 )
 from scoperouter.errors import ConfigError
 
@@ -356,8 +357,15 @@ class _Loader:
     ) -> Endpoint:
         """`origins`: the frontends' (scheme, host, port)."""
         doc = self._mapping(data, where, required=_ENDPOINT_KEYS, allowed=_ENDPOINT_KEYS)
-        url = self._url(doc["url"], f"{where}.url")
-        backend = self._url(doc["backend"], f"{where}.backend")
+        url, template = untemplated(self._url(doc["url"], f"{where}.url"))
+        backend, backend_template = untemplated(self._url(doc["backend"], f"{where}.backend"))
+        if template != backend_template:
+            raise ConfigError(
+                f"{where}.backend",
+                f"its templated part {backend_template or '(none)'!r} differs from the url's "
+                f"{template or '(none)'!r}: the router forwards the path after the fixed part "
+                "unchanged, so both must end alike",
+            )
         if (url.scheme, url.host, url.port) not in origins:
             listed = ", ".join(str(f.url) for f in frontends)
             raise ConfigError(

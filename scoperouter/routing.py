@@ -23,7 +23,8 @@ The rules, in order (docs/design.md has the rationale):
    routes; entries for other service types are carried, not used) and completed with this
    router's cloud for the services it does not name, so "local" keeps meaning the cloud where
    the request entered the federation. A scope the request's workflow cannot honour (placement
-   named elsewhere than compute, for a compute request: :data:`scope.FOLLOWS`) is refused.
+   or block storage named elsewhere than compute, for a compute request:
+   :data:`scope.FOLLOWS`) is refused.
 6. The target cloud serves the request: this cloud's backend, or the other cloud's router.
 7. Keystone only sees its own tokens: the scope is stripped from ``X-Subject-Token`` always and
    from ``X-Auth-Token`` when the target is the identity service.
@@ -42,6 +43,7 @@ from scoperouter.merge import ListPlan, ResourcePlan, plan_read
 from scoperouter.scope import (
     FOLLOWS,
     SCOPE_SEPARATOR,
+    WHY_FOLLOWS,
     AllOf,
     CloudName,
     Expr,
@@ -501,13 +503,18 @@ def _clouds(catalog: Catalog) -> str:
 
 
 def _unfollowed(scope: Scope, service_type: str) -> Reject:
-    follower = next(f for f, leader in FOLLOWS.items() if leader == service_type)
+    """The 400 for a request of `service_type` whose scope names a follower of it elsewhere
+    (the first such follower, by name)."""
+    leader = scope[service_type]
+    follower = min(
+        f for f, lead in FOLLOWS.items() if lead == service_type and scope.get(f, leader) != leader
+    )
     return Reject(
         400,
         f"the scope names {format_expression(scope[follower])!r} for {follower} but "
-        f"{format_expression(scope[service_type])!r} for {service_type}: {service_type} calls "
-        f"the {follower} service of its own cloud with its own credentials, so {follower} "
-        f"cannot be moved away from it; name the same cloud for both, or leave {follower} out",
+        f"{format_expression(leader)!r} for {service_type}: {WHY_FOLLOWS[follower]}, so "
+        f"{follower} cannot be moved away from {service_type}; name the same cloud for both, "
+        f"or leave {follower} out",
     )
 
 

@@ -42,11 +42,30 @@ _PLAIN_NAME = re.compile(r"[ \t]*([A-Za-z0-9][A-Za-z0-9_.:-]*)[ \t]*\Z")
 _SERVICE_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\Z")
 
 
-FOLLOWS: Mapping[str, str] = {"placement": "compute"}
-"""Service types that follow another one: ``follower -> leader``. Nova calls placement of its
-own cloud with its own credentials (no user token, so no scope), so a request's placement is
-always its compute cloud's. Completion fills a follower with its leader's entry, and a scope that
-names them apart cannot be honoured by the leader's requests (the router answers 400)."""
+BLOCK_STORAGE_TYPES = ("block-storage", "volumev3", "volumev2", "volume", "block-store")
+"""Block storage's service type and its aliases (OpenStack's service-types registry): keystone
+catalogs list it under any of them (nova looks for ``volumev3`` by default, devstack registers
+``block-storage``), and a scope names it as the catalog does."""
+
+WHY_FOLLOWS: Mapping[str, str] = {
+    "placement": "compute calls the placement service of its own cloud with its own "
+    "credentials (no user token, so no scope)",
+    **dict.fromkeys(
+        BLOCK_STORAGE_TYPES,
+        "a server can only attach volumes of the cloud it runs in (block devices do not "
+        "cross clouds: compute connects the volume's storage to its own hosts)",
+    ),
+}
+"""Why each follower cannot be moved away from its leader (the router's 400 says it)."""
+
+FOLLOWS: Mapping[str, str] = dict.fromkeys(WHY_FOLLOWS, "compute")
+"""Service types that follow another one: ``follower -> leader``. A request's placement is
+always its compute cloud's (see :data:`WHY_FOLLOWS`), and so is its block storage: a scope
+``{"compute": "CloudTwo"}`` means CloudTwo's volumes too, which nova in CloudTwo attaches
+(it calls cinder with the user's scoped token, so the completed scope must name CloudTwo
+there). Completion fills a follower with its leader's entry, and a scope that names them apart
+cannot be honoured by the leader's requests (the router answers 400); the follower's own API
+honours it (``openstack volume list`` in CloudTwo from CloudOne)."""
 
 
 class ScopeError(ValueError):

@@ -162,25 +162,34 @@ class Keystone:
         body = {"project": {"name": name, "domain_id": "default", "description": description}}
         return str(self.call("POST", "/projects", body)["project"]["id"])
 
-    def ensure_user(self, name: str, password: str, project_id: str | None = None) -> str:
-        found = self.find("users", name, domain_id="default")
+    def ensure_domain(self, name: str, description: str = "") -> str:
+        found = self.find("domains", name)
         if found:
-            if not self.password_works(name, password):  # the lab's secret for it changed
+            return str(found["id"])
+        body = {"domain": {"name": name, "description": description, "enabled": True}}
+        return str(self.call("POST", "/domains", body)["domain"]["id"])
+
+    def ensure_user(
+        self, name: str, password: str, project_id: str | None = None, domain_id: str = "default"
+    ) -> str:
+        found = self.find("users", name, domain_id=domain_id)
+        if found:
+            if not self.password_works(name, password, domain_id):  # the lab's secret changed
                 self.call("PATCH", f"/users/{found['id']}", {"user": {"password": password}})
             return str(found["id"])
-        user: dict[str, Any] = {"name": name, "domain_id": "default", "password": password}
+        user: dict[str, Any] = {"name": name, "domain_id": domain_id, "password": password}
         if project_id:
             user["default_project_id"] = project_id
         return str(self.call("POST", "/users", {"user": user})["user"]["id"])
 
-    def password_works(self, name: str, password: str) -> bool:
-        """Can user `name` (default domain) authenticate with `password`? (unscoped token)"""
+    def password_works(self, name: str, password: str, domain_id: str = "default") -> bool:
+        """Can user `name` (of `domain_id`) authenticate with `password`? (unscoped token)"""
         body = {
             "auth": {
                 "identity": {
                     "methods": ["password"],
                     "password": {
-                        "user": {"name": name, "domain": {"id": "default"}, "password": password}
+                        "user": {"name": name, "domain": {"id": domain_id}, "password": password}
                     },
                 }
             }
@@ -197,6 +206,10 @@ class Keystone:
     def grant(self, project_id: str, user_id: str, role: str) -> None:
         rid = self.role_id(role)
         self.call("PUT", f"/projects/{project_id}/users/{user_id}/roles/{rid}")
+
+    def grant_domain(self, domain_id: str, user_id: str, role: str) -> None:
+        rid = self.role_id(role)
+        self.call("PUT", f"/domains/{domain_id}/users/{user_id}/roles/{rid}")
 
     def ensure_service(self, service_type: str, name: str) -> str:
         found = self.call("GET", f"/services?type={service_type}")["services"]

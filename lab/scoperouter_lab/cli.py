@@ -9,14 +9,22 @@ import argparse
 import sys
 from pathlib import Path
 
-from scoperouter_lab.layout import MAX_CLOUDS, SELECTABLE, default_dir, resolve_services
+from scoperouter_lab.layout import (
+    ALL,
+    DEFAULT_SERVICES,
+    MAX_CLOUDS,
+    SELECTABLE,
+    default_dir,
+    resolve_services,
+)
 
 DESCRIPTION = """\
 Real OpenStack clouds on this machine, each fronted by a scoperouter.
 
 Cloud i (CloudOne, CloudTwo, ...) runs keystone, glance, placement, nova (fake virt driver) and a
-small network stand-in (one shared network and its ports) on 127.0.1.(1+i); its router listens
-on 127.0.0.(1+i) at the same ports (what the keystone catalog advertises) and on
+small network stand-in (one shared network and its ports) on 127.0.1.(1+i), and with
+--services also cinder (its fake volume driver), swift (storage in the lab dir) and heat; its
+router listens on 127.0.0.(1+i) at the same ports (what the keystone catalog advertises) and on
 127.0.0.(1+i):3128 (the services' HTTP proxy). PostgreSQL and RabbitMQ on 127.0.0.1 are shared.
 Everything listens on loopback only.
 """
@@ -73,8 +81,9 @@ def register(
     up.add_argument(
         "--services",
         metavar="LIST",
-        help=f"comma-separated subset of {','.join(SELECTABLE)} (default: all); "
-        "dependencies are added (nova needs glance and placement; all need keystone)",
+        help=f"comma-separated subset of {','.join(SELECTABLE)}, or {ALL} (default: what the "
+        f"lab has, else {','.join(DEFAULT_SERVICES)}); dependencies are added (nova needs "
+        "glance and placement; all need keystone); services left out are stopped",
     )
     mode = up.add_mutually_exclusive_group()
     mode.add_argument(

@@ -21,10 +21,22 @@ from pathlib import Path
 from scoperouter_lab import templates as T
 from scoperouter_lab.api import Keystone, http_status, request, wait_for
 from scoperouter_lab.infra import run, tail
-from scoperouter_lab.layout import SERVICE_TYPE, STAND_INS, CloudSpec
+from scoperouter_lab.layout import (
+    PROCESSES,
+    STAND_INS,
+    SWIFT_STORAGE_PORTS,
+    CloudSpec,
+    service_types,
+    stand_ins,
+)
 from scoperouter_lab.procs import ProcessTable, fingerprint
 
-SERVICE_USERS = {"glance": "glance", "placement": "placement", "nova": "nova"}
+# the keystone user of each service (service project, roles admin and service)
+SERVICE_USERS = {s: s for s in ("glance", "placement", "nova", "cinder", "swift", "heat")}
+# keystone's service name of each service type the lab registers
+SERVICE_NAMES = {"identity": "keystone", "image": "glance", "placement": "placement",
+                 "compute": "nova", "block-storage": "cinder", "object-store": "swift",
+                 "orchestration": "heat", "network": "neutron"}  # fmt: skip
 IMAGE_NAME = "tiny"
 # The same few KB under the name OpenStack's functional tests look for (python-openstackclient's
 # compute tests pick the first `cirros-*-disk` image; the virt driver is fake, the bytes never
@@ -60,8 +72,14 @@ API_PROCESSES = {
     "glance": ("glance.wsgi.api:application", "image", 1, 4),
     "placement": ("placement.wsgi.api:application", "placement", 1, 1),
     "nova-api": ("nova.wsgi.osapi_compute:application", "compute", 1, 4),
+    "cinder-api": ("cinder.wsgi.api:application", "block-storage", 1, 2),
+    "heat-api": ("heat.wsgi.api:application", "orchestration", 1, 2),
 }
 NOVA_DAEMONS = ("nova-conductor", "nova-scheduler", "nova-compute")
+# the daemons whose readiness is a service list of their API (not a port)
+CINDER_DAEMONS = ("cinder-scheduler", "cinder-volume")
+HEAT_DAEMONS = ("heat-engine",)
+SWIFT_RING_PART_POWER = 8  # 256 partitions a ring: one device, one replica
 
 
 def _utc(text: str | None) -> float:
@@ -128,14 +146,28 @@ class CloudRunner:
         return f"{self.cloud.name}: {text}"
 
     def process_names(self) -> list[str]:
-        names = ["keystone", *STAND_INS]
-        if "glance" in self.services:
-            names.append("glance")
-        if "placement" in self.services:
-            names.append("placement")
-        if "nova" in self.services:
-            names += ["nova-api", *NOVA_DAEMONS]
+        names = ["keystone", *stand_ins(self.services)]
+        for service in self.services:
+            if service != "keystone":
+                names += PROCESSES[service]
         return names
+
+    def listen_port(self, what: str) -> int | None:
+        """The backend port process `what` serves on (None: a daemon without one)."""
+        if what in STAND_INS:
+            return self.cloud.port(STAND_INS[what][0])
+        if what in API_PROCESSES:
+            return self.cloud.port(API_PROCESSES[what][1])
+        if what == "swift-proxy":
+            return self.cloud.port("object-store")
+        if what.startswith("swift-"):
+            return SWIFT_STORAGE_PORTS[what.removeprefix("swift-")]
+        return None
+
+    def health_url(self, what: str) -> str:
+        """Where a process with a port answers once it serves (any status below 500)."""
+        path = "/healthcheck" if what.startswith("swift-") else "/"
+        return f"http://{self.cloud.back_ip}:{self.listen_port(what)}{path}"
 
     # ------------------------------------------------------------------ environment
 
@@ -156,6 +188,9 @@ class CloudRunner:
             # the services' own outgoing HTTP calls go through this cloud's router
             proxy = f"http://{self.cloud.proxy_listen}"
             env.update(HTTP_PROXY=proxy, http_proxy=proxy)
+        if what is not None and what.startswith("swift-"):
+            # the log hook swift's configs name (templates.SWIFT_LOG_HOOK)
+            env["PYTHONPATH"] = str(self.ctx.etc("swift"))
         if what is not None:
             env.update(dropin_environment(self.paths.dropins(self.pname(what))))
         return env
@@ -179,6 +214,23 @@ class CloudRunner:
             files[ctx.etc("nova") / "api-paste.ini"] = (
                 venv_etc / "nova" / "api-paste.ini"
             ).read_text()
+        for service, conf in (("cinder", T.cinder_conf), ("heat", T.heat_conf)):
+            if service in self.services:
+                files[ctx.etc(service) / f"{service}.conf"] = conf(ctx)
+                files[ctx.etc(service) / "api-paste.ini"] = (
+                    venv_etc / service / "api-paste.ini"
+                ).read_text()
+        if "swift" in self.services:
+            swift = ctx.etc("swift")
+            files[swift / "swift.conf"] = T.swift_conf(ctx)
+            files[swift / "proxy-server.conf"] = T.swift_proxy_conf(ctx)
+            for kind in SWIFT_STORAGE_PORTS:
+                files[swift / f"{kind}-server.conf"] = T.swift_storage_conf(ctx, kind)
+            files[swift / f"{T.SWIFT_LOG_MODULE}.py"] = T.SWIFT_LOG_HOOK
+        argv = {
+            name: ("--config-file", str(ctx.etc(name.split("-")[0]) / f"{name.split('-')[0]}.conf"))
+            for name in ("cinder-api", "heat-api")
+        }
         envs = {
             "keystone": {"OS_KEYSTONE_CONFIG_DIR": str(ctx.etc("keystone"))},
             "glance": {"OS_GLANCE_CONFIG_DIR": str(ctx.etc("glance"))},
@@ -187,16 +239,19 @@ class CloudRunner:
                 "OS_NOVA_CONFIG_DIR": str(ctx.etc("nova")),
                 "OS_NOVA_CONFIG_FILES": "api-paste.ini;nova.conf;nova-db.conf",
             },
+            "cinder-api": {},
+            "heat-api": {},
         }
         for name, (module, stype, processes, threads) in API_PROCESSES.items():
             service = name.split("-")[0]
             if service not in self.services:
                 continue
             files[self.uwsgi_ini(name)] = T.uwsgi_ini(
-                ctx, name, module, self.cloud.port(stype), envs[name], processes, threads
-            )
+                ctx, name, module, self.cloud.port(stype), envs[name], processes, threads,
+                argv.get(name, ()),
+            )  # fmt: skip
         for d in ("keystone-fernet", "keystone-credential", "glance-images", "glance-staging",
-                  "glance-tasks", "nova", "placement", "locks"):  # fmt: skip
+                  "glance-tasks", "nova", "placement", "locks", "cinder", "swift"):  # fmt: skip
             ctx.data(d).mkdir(parents=True, exist_ok=True)
             ctx.data(d).chmod(0o700)
         for path, text in files.items():
@@ -283,6 +338,45 @@ class CloudRunner:
 
         self._once("placement-db-sqlite", "placement db sync (SQLite)", sync)
 
+    def _db_sync_once(self, service: str, *args: str) -> None:
+        """`<service>-manage --config-file <service>.conf ARGS`, once (cinder's, heat's)."""
+        conf = str(self.ctx.etc(service) / f"{service}.conf")
+        argv = [str(self.paths.venv_bin(f"{service}-manage")), "--config-file", conf, *args]
+        what = f"{service}-manage {' '.join(args)}"
+
+        def sync() -> None:
+            self._manage(argv, what)
+
+        self._once(f"{service}-db", f"{service} db sync", sync)
+
+    def cinder_setup(self) -> None:
+        self._db_sync_once("cinder", "db", "sync")
+
+    def heat_setup(self) -> None:
+        self._db_sync_once("heat", "db_sync")
+
+    def swift_setup(self) -> None:
+        """The rings (account, container, object: one device each, `d1` on this cloud's
+        backend address, one replica) and the device's directory. The storage is a directory
+        of the lab dir (mount_check is off): swift keeps object metadata in extended
+        attributes, which the file system must take (ext4, xfs and tmpfs do)."""
+        etc = self.ctx.etc("swift")
+        (self.ctx.data("swift") / "d1").mkdir(parents=True, exist_ok=True)
+        builder = str(self.paths.venv_bin("swift-ring-builder"))
+
+        def rings() -> None:
+            for kind, port in SWIFT_STORAGE_PORTS.items():
+                path = str(etc / f"{kind}.builder")
+                (etc / f"{kind}.builder").unlink(missing_ok=True)
+                self._manage([builder, path, "create", str(SWIFT_RING_PART_POWER), "1", "1"],
+                             f"swift-ring-builder {kind} create")  # fmt: skip
+                device = f"r1z1-{self.cloud.back_ip}:{port}/d1"
+                self._manage([builder, path, "add", device, "1"],
+                             f"swift-ring-builder {kind} add")  # fmt: skip
+                self._manage([builder, path, "rebalance"], f"swift-ring-builder {kind} rebalance")
+
+        self._once("swift-rings", "swift rings (account, container, object)", rings)
+
     def nova_manage(self, *args: str, what: str, extra_conf: Path | None = None) -> str:
         confs = [self.ctx.etc("nova") / "nova.conf", self.ctx.etc("nova") / "nova-db.conf"]
         nm = [str(self.paths.venv_bin("nova-manage"))]
@@ -334,13 +428,24 @@ class CloudRunner:
             confs = sorted(self.ctx.etc(service).glob("*.conf")) + sorted(
                 self.ctx.etc(service).glob("*.ini")
             )
-        else:  # nova daemons; nova-compute must not see the database sections
+        elif what.startswith("swift-"):  # swift's own servers: eventlet, one process each
+            kind = what.removeprefix("swift-")
+            etc = self.ctx.etc("swift")
+            conf = etc / f"{kind}-server.conf"
+            argv = [str(self.paths.venv_bin(f"swift-{kind}-server")), str(conf), "--verbose"]
+            confs = [conf, etc / "swift.conf", etc / f"{T.SWIFT_LOG_MODULE}.py",
+                     *sorted(etc.glob("*.ring.gz"))]  # fmt: skip
+        elif what in NOVA_DAEMONS:  # nova-compute must not see the database sections
             confs = [nova_etc / "nova.conf"]
             if what != "nova-compute":
                 confs.append(nova_etc / "nova-db.conf")
             argv = [str(self.paths.venv_bin(what))]
             for c in confs:
                 argv += ["--config-file", str(c)]
+        else:  # cinder-scheduler, cinder-volume, heat-engine: their service's one config file
+            service = what.split("-")[0]
+            confs = [self.ctx.etc(service) / f"{service}.conf"]
+            argv = [str(self.paths.venv_bin(what)), "--config-file", str(confs[0])]
         env = self.env(what)
         fp = fingerprint(argv, {k: v for k, v in env.items() if "PROXY" in k.upper()}, *confs)
         return argv, fp
@@ -362,7 +467,7 @@ class CloudRunner:
         if self.procs.running(name, fp):
             return "running"
         stopped = self.procs.stop(name)
-        if stopped and what in (*API_PROCESSES, *STAND_INS):
+        if stopped and self.listen_port(what) is not None:
             self._wait_port_free(what)
         self.procs.start(name, argv, log=self.log(what), env=self.env(what), fp=fp,
                          cwd=self.paths.root)  # fmt: skip
@@ -374,8 +479,7 @@ class CloudRunner:
         process group was gone (a restart then failed: "bind(): Address already in use"), so
         the new process starts only once the kernel has released it; after `timeout` it starts
         anyway and fails with that error in its log."""
-        stype = STAND_INS[what][0] if what in STAND_INS else API_PROCESSES[what][1]
-        address = (self.cloud.back_ip, self.cloud.port(stype))
+        address = (self.cloud.back_ip, self.listen_port(what) or 0)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with socket.socket() as probe:
@@ -390,15 +494,8 @@ class CloudRunner:
     def start_api(self, name: str) -> str:
         return self._start(name)
 
-    def start_stand_ins(self) -> list[str]:
-        return [self._start(name) for name in STAND_INS]
-
-    def start_nova_daemon(self, name: str) -> str:
-        return self._start(name)
-
     def api_healthy(self, name: str) -> bool:
-        stype = STAND_INS[name][0] if name in STAND_INS else API_PROCESSES[name][1]
-        status = http_status(self.cloud.backend_url(stype) + "/")
+        status = http_status(self.health_url(name))
         return status is not None and status < 500
 
     def wait_api(self, name: str, timeout: float = 180) -> None:
@@ -446,21 +543,27 @@ class CloudRunner:
         alt_project = ks.ensure_project("alt_demo", "the lab's second demo project")
         alt = ks.ensure_user("alt_demo", self.ctx.secrets.alt_demo, alt_project)
         ks.grant(alt_project, alt, "member")
+        if "heat" in self.services:
+            self._seed_heat_domain(ks)
         region = self.cloud.region
-        names = {"identity": "keystone", "image": "glance", "placement": "placement",
-                 "compute": "nova"}  # fmt: skip
-        names.update({stype: name for stype, _, name in STAND_INS.values()})
         for stype in self.service_types():
-            sid = ks.ensure_service(stype, names[stype])
+            sid = ks.ensure_service(stype, SERVICE_NAMES[stype])
             ks.ensure_endpoint(sid, "public", self.cloud.endpoint_url(stype, routed), region)
         return f"{len(self.service_types())} endpoints -> {'router' if routed else 'backends'}"
 
+    def _seed_heat_domain(self, ks: Keystone) -> None:
+        """What heat needs in keystone besides its user, as devstack makes it: the domain of the
+        users and projects heat creates for stacks (`heat`, administered by
+        `heat_domain_admin`), and the roles heat gives them (heat_stack_user) or looks for
+        (heat_stack_owner)."""
+        domain = ks.ensure_domain("heat", "users and projects heat creates for stacks")
+        admin = ks.ensure_user("heat_domain_admin", self.ctx.secrets.service, domain_id=domain)
+        ks.grant_domain(domain, admin, "admin")
+        for role in ("heat_stack_user", "heat_stack_owner"):
+            ks.role_id(role)
+
     def service_types(self) -> list[str]:
-        types = ["identity", *(stype for stype, _, _ in STAND_INS.values())]
-        for s in ("glance", "placement", "nova"):
-            if s in self.services:
-                types.append(SERVICE_TYPE[s])
-        return types
+        return service_types(self.services)
 
     def endpoint_rows(self) -> list[dict[str, str]]:
         return self.admin().endpoint_rows()
@@ -469,41 +572,65 @@ class CloudRunner:
 
     def start_services(self) -> str:
         self._stop_changed()
-        results = self.start_stand_ins()
-        for name in ("glance", "placement"):
-            if name in self.services:
-                results.append(self.start_api(name))
-        if "nova" in self.services:
-            results.append(self.start_api("nova-api"))
-            for d in NOVA_DAEMONS:
-                results.append(self.start_nova_daemon(d))
+        results = [self._start(name) for name in self.process_names() if name != "keystone"]
         started = sum(1 for r in results if r != "running")
         return f"{started} started, {len(results) - started} already running"
 
     def wait_services(self) -> str:
-        for name in (*STAND_INS, "glance", "placement", "nova-api"):
-            service = name.split("-")[0]
-            if name in STAND_INS or service in self.services:
+        for name in self.process_names():
+            if name != "keystone" and self.listen_port(name) is not None:
                 self.wait_api(name)
         if "nova" in self.services:
             self.wait_compute()
+        if "cinder" in self.services:
+            self.wait_volume()
+        if "heat" in self.services:
+            self.wait_engine()
         return "healthy"
+
+    def wait_ready(self, name: str) -> None:
+        """Until process `name` (just started) serves: its port, or its service's list."""
+        if self.listen_port(name) is not None:
+            self.wait_api(name)
+        elif name in NOVA_DAEMONS:
+            self.wait_compute()
+        elif name in CINDER_DAEMONS:
+            self.wait_volume()
+        elif name in HEAT_DAEMONS:
+            self.wait_engine()
 
     def nova_url(self) -> str:
         return self.cloud.backend_endpoint("compute")
 
-    def wait_compute(self, timeout: float = 180) -> None:
-        ks = self.admin()
-
+    def _started(self, daemons: tuple[str, ...]) -> dict[str, float]:
+        """When each daemon's current process started (0 when it has none)."""
         started = {}
-        for d in NOVA_DAEMONS:
+        for d in daemons:
             rec = self.procs.get(self.pname(d))
             started[d] = rec.when if rec else 0.0
+        return started
+
+    def _died(self, daemons: tuple[str, ...]) -> Callable[[], str | None]:
+        def died() -> str | None:
+            for d in daemons:
+                rec = self.procs.get(self.pname(d))
+                if rec is None or not rec.alive():
+                    return f"{d} exited; last lines of {self.log(d)}:\n{tail(self.log(d))}"
+            return None
+
+        return died
+
+    def _wait_service_list(
+        self, what: str, url: str, daemons: tuple[str, ...], timeout: float
+    ) -> None:
+        """Until an os-services list (nova's, cinder's) shows each daemon up, and reporting
+        since its current process started (a restarted service keeps its old "up" state in the
+        database for a minute)."""
+        ks = self.admin()
+        started = self._started(daemons)
 
         def services_up() -> bool:
-            # up, and reporting since the current process started (a restarted service keeps
-            # its old "up" state in the database for a minute)
-            found = ks.call("GET", self.nova_url() + "/os-services")["services"]
+            found = ks.call("GET", url)["services"]
             fresh = {
                 s["binary"]
                 for s in found
@@ -512,17 +639,43 @@ class CloudRunner:
                 and s["binary"] in started
                 and _utc(s.get("updated_at")) >= started[s["binary"]] - 2
             }
-            return set(NOVA_DAEMONS) <= fresh
+            return set(daemons) <= fresh
 
-        def died() -> str | None:
-            for d in NOVA_DAEMONS:
-                rec = self.procs.get(self.pname(d))
-                if rec is None or not rec.alive():
-                    return f"{d} exited; last lines of {self.log(d)}:\n{tail(self.log(d))}"
-            return None
+        wait_for(self.label(what), services_up, timeout, interval=1.0,
+                 on_fail=self._died(daemons))  # fmt: skip
 
-        wait_for(self.label("nova conductor, scheduler and compute up"), services_up, timeout,
-                 interval=1.0, on_fail=died)  # fmt: skip
+    def wait_volume(self, timeout: float = 120) -> None:
+        project = self.admin().project_id
+        url = f"{self.cloud.backend_url('block-storage')}/v3/{project}/os-services"
+        self._wait_service_list("cinder scheduler and volume up", url, CINDER_DAEMONS, timeout)
+
+    def wait_engine(self, timeout: float = 120) -> None:
+        """Until heat-engine has registered since its process started: its service record is
+        written once its RPC server listens (`heat-manage service list`, from the database: the
+        API's service list is itself an RPC call, which would wait for an engine not there)."""
+        started = self._started(HEAT_DAEMONS)["heat-engine"]
+        conf = str(self.ctx.etc("heat") / "heat.conf")
+        manage = [str(self.paths.venv_bin("heat-manage")), "--config-file", conf]
+
+        def registered() -> bool:
+            out = self._manage([*manage, "service", "list"], "heat-manage service list")
+            for line in out.splitlines():
+                fields = line.split()
+                if "heat-engine" in fields and fields[-3] == "up":
+                    stamp = " ".join(fields[-2:])
+                    if stamp != "None None" and _utc(stamp) >= started - 2:
+                        return True
+            return False
+
+        wait_for(self.label("heat-engine registered"), registered, timeout, interval=2.0,
+                 on_fail=self._died(HEAT_DAEMONS))  # fmt: skip
+
+    def wait_compute(self, timeout: float = 180) -> None:
+        ks = self.admin()
+        died = self._died(NOVA_DAEMONS)
+        url = self.nova_url() + "/os-services"
+        self._wait_service_list("nova conductor, scheduler and compute up", url, NOVA_DAEMONS,
+                                timeout)  # fmt: skip
 
         def hypervisors() -> bool:
             return bool(ks.call("GET", self.nova_url() + "/os-hypervisors")["hypervisors"])

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 from scoperouter_lab import files, pki
 from scoperouter_lab.api import ApiError, Keystone, http_status, port_open, wait_for
-from scoperouter_lab.cloud import NOVA_DAEMONS, CloudRunner, Step
+from scoperouter_lab.cloud import CloudRunner, Step
 from scoperouter_lab.infra import (
     LabError,
     Postgres,
@@ -33,12 +33,15 @@ from scoperouter_lab.layout import (
     DEFAULT_SERVICES,
     MAX_CLOUDS,
     PEER_PORT,
+    PROCESSES,
     PROXY_PORT,
     SELECTABLE,
     SERVICE_PORTS,
     STAND_INS,
     CloudSpec,
     LabPaths,
+    needs_messaging,
+    service_types,
 )
 from scoperouter_lab.nextsteps import Commands, next_steps
 from scoperouter_lab.procs import ProcessTable, fingerprint
@@ -47,7 +50,9 @@ from scoperouter_lab.templates import CloudContext, Secrets
 ROUTER_CODE = "import sys; from scoperouter.cli import main; sys.exit(main())"
 SHARED_PROCESSES = ("postgres", "epmd", "rabbitmq")
 # stop order inside one cloud: front to back
-STOP_ORDER = ("router", "nova-compute", "nova-scheduler", "nova-conductor", "nova-api", "glance",
+STOP_ORDER = ("router", "heat-engine", "heat-api", "nova-compute", "nova-scheduler",
+              "nova-conductor", "nova-api", "cinder-volume", "cinder-scheduler", "cinder-api",
+              "swift-proxy", "swift-object", "swift-container", "swift-account", "glance",
               "placement", "network", "block-storage", "keystone")  # fmt: skip
 
 
@@ -182,7 +187,7 @@ class Lab:
 
     def up(self) -> int:
         p = self.progress
-        need_nova = "nova" in self.services
+        need_rabbit = needs_messaging(self.services)
         p.line(
             "scoperouter lab up",
             f"{self.n_clouds} clouds, {','.join(self.services)}, dir {self.paths.root}",
@@ -194,8 +199,8 @@ class Lab:
             self.state.update(clouds=self.n_clouds, services=list(self.services))
             self._save_state()
             p.run("Debian packages (postgresql"
-                  + (", rabbitmq-server)" if need_nova else ")"),
-                  lambda: ensure_packages(self.paths, need_nova))  # fmt: skip
+                  + (", rabbitmq-server)" if need_rabbit else ")"),
+                  lambda: ensure_packages(self.paths, need_rabbit))  # fmt: skip
             p.run("OpenStack venv (pinned, <dir>/venv)", lambda: ensure_venv(self.paths))
             self._decide_router()
             self._stop_unwanted()
@@ -212,7 +217,7 @@ class Lab:
                     pg.ensure_databases(sec.db, names)
                 ),
             )
-            if need_nova:
+            if need_rabbit:
                 rabbit = Rabbit(self.paths, self.procs)
                 p.run("RabbitMQ on 127.0.0.1:5672 (vhost per cloud)",
                       lambda: rabbit.ensure(self.clouds, sec.rabbit))  # fmt: skip
@@ -257,7 +262,7 @@ class Lab:
 
     def _desired(self) -> set[str]:
         want = {"postgres"}
-        if "nova" in self.services:
+        if needs_messaging(self.services):
             want |= {"epmd", "rabbitmq"}
         for c in self.clouds:
             r = self.runner(c, Step(lambda *a: None))
@@ -313,12 +318,10 @@ class Lab:
 
         tasks: list[Callable[[], Any]] = [keystone_chain(r) for r in runners]
         for r in runners:
-            if "nova" in r.services:
-                tasks.append(r.nova_setup)
-            if "glance" in r.services:
-                tasks.append(r.glance_setup)
-            if "placement" in r.services:
-                tasks.append(r.placement_setup)
+            setups = {"nova": r.nova_setup, "cinder": r.cinder_setup, "heat": r.heat_setup,
+                      "glance": r.glance_setup, "placement": r.placement_setup,
+                      "swift": r.swift_setup}  # fmt: skip
+            tasks += [setup for service, setup in setups.items() if service in r.services]
         self._parallel(tasks, workers=4)
 
     def _write_files(self, runners: list[CloudRunner]) -> str:
@@ -381,10 +384,7 @@ class Lab:
         self._parallel([start(c) for c in self.clouds], workers=len(self.clouds))
 
     def router_listens(self, cloud: CloudSpec) -> list[tuple[str, int]]:
-        types = ["identity", *(stype for stype, _, _ in STAND_INS.values())] + [
-            t for s, t in (("glance", "image"), ("placement", "placement"), ("nova", "compute"))
-            if s in self.services
-        ]  # fmt: skip
+        types = service_types(self.services)
         return [(cloud.front_ip, SERVICE_PORTS[t][0]) for t in types] + [
             (cloud.front_ip, PROXY_PORT),
             (cloud.front_ip, PEER_PORT),
@@ -478,15 +478,21 @@ class Lab:
         want = sorted(self._desired(), key=self._display_key)
         bad = 0
         total = 0
+        # per service (all clouds): processes running, processes wanted, RSS
+        by_service: dict[str, list[int]] = {}
         print(f"\n{'PROCESS':<26} {'PID':>7}  {'STATE':<8} {'RSS':>9}  LOG")
         for name in want:
             rec = recs.get(name)
+            alive = rec is not None and rec.alive()
+            rss = rec.rss() if rec is not None and alive else 0
+            tally = by_service.setdefault(self._service_of(name), [0, 0, 0])
+            tally[0] += int(alive)
+            tally[1] += 1
+            tally[2] += rss
             if rec is None:
                 print(f"{name:<26} {'-':>7}  {'absent':<8} {'':>9}")
                 bad += 1
                 continue
-            alive = rec.alive()
-            rss = rec.rss() if alive else 0
             total += rss
             bad += 0 if alive else 1
             print(f"{name:<26} {rec.pid:>7}  {'running' if alive else 'DEAD':<8} "
@@ -494,7 +500,7 @@ class Lab:
         for name in sorted(set(recs) - set(want)):
             rec = recs[name]
             print(f"{name:<26} {rec.pid:>7}  {'extra' if rec.alive() else 'DEAD':<8}")
-        print(f"\n{'ENDPOINT':<34} {'URL':<32} {'CATALOG':>7} {'BACKEND':>7}")
+        print(f"\n{'ENDPOINT':<28} {'URL':<46} {'CATALOG':>7} {'BACKEND':>7}")
         for cloud in self.clouds:
             r = self.runner(cloud, Step(lambda *a: None))
             for stype in r.service_types():
@@ -503,7 +509,11 @@ class Lab:
                 back = http_status(cloud.backend_url(stype) + "/")
                 ok = front is not None and front < 500 and back is not None and back < 500
                 bad += 0 if ok else 1
-                print(f"{cloud.name + ' ' + stype:<34} {url:<32} {_s(front):>7} {_s(back):>7}")
+                print(f"{cloud.name + ' ' + stype:<28} {url:<46} {_s(front):>7} {_s(back):>7}")
+        print(f"\n{'SERVICE':<26} {'RUNNING':>9} {'RSS':>9}  (every cloud)")
+        for service, (running, wanted, rss) in by_service.items():
+            state = f"{running}/{wanted}"
+            print(f"{service:<26} {state:>9} {rss / 2**20:>7.0f}MB")
         print(f"\ntotal RSS of the lab's processes: {total / 2**30:.2f} GiB")
         print("healthy" if bad == 0 else f"{bad} problem(s)")
         return 0 if bad == 0 else 1
@@ -517,6 +527,16 @@ class Lab:
                 rank = len(STOP_ORDER) - _order_key(name)[0]
                 return (c.index, rank, name)
         return (99, 0, name)
+
+    def _service_of(self, process: str) -> str:
+        """The service a process belongs to (`cloudone-cinder-volume` -> cinder), for the
+        status's summary; the routers, the stand-ins and the shared processes by name."""
+        if process in SHARED_PROCESSES:
+            return "postgres" if process == "postgres" else "rabbitmq"
+        what = process.split("-", 1)[1] if "-" in process else process
+        if what == "router" or what in STAND_INS:
+            return what if what == "router" else f"{what} (stand-in)"
+        return next((s for s, names in PROCESSES.items() if what in names), what)
 
     def memory(self) -> int:
         return sum(r.rss() for r in self.procs.all())
@@ -542,21 +562,14 @@ class Lab:
                 f"not a process of this lab: {', '.join(unknown)} (its processes: "
                 f"{', '.join(sorted(known))})"
             )
-        compute: set[int] = set()
+        restarted = []
         for name in names:
             runner, what = known[name]
             result = runner.step.timed(name, functools.partial(runner._start, what))
-            if result == "running":
-                continue
-            if what in NOVA_DAEMONS:
-                compute.add(runner.cloud.index)
-            else:
-                runner.wait_api(what)
-        for name in names:
-            runner, _ = known[name]
-            if runner.cloud.index in compute:
-                compute.discard(runner.cloud.index)
-                runner.wait_compute()
+            if result != "running":
+                restarted.append((runner, what))
+        for runner, what in restarted:
+            runner.wait_ready(what)
         return 0
 
     # ------------------------------------------------------------------ down

@@ -26,7 +26,9 @@ CLOUD_WORDS = (
 )  # fmt: skip
 MAX_CLOUDS = len(CLOUD_WORDS)
 
-# service type -> (backend/frontend port, path of the endpoint URL)
+# service type -> (backend/frontend port, path of the endpoint URL). Object storage's and
+# orchestration's paths end in keystone's substitution of the project id (each token's catalog
+# has the project's own URL; the routers match the fixed part, scoperouter.catalog.untemplated).
 SERVICE_PORTS: dict[str, tuple[int, str]] = {
     "identity": (5000, "/v3"),
     "image": (9292, ""),
@@ -34,13 +36,21 @@ SERVICE_PORTS: dict[str, tuple[int, str]] = {
     "placement": (8778, ""),
     "network": (9696, ""),
     "block-storage": (8776, "/v3"),
+    "object-store": (8080, "/v1/AUTH_%(project_id)s"),
+    "orchestration": (8004, "/v1/%(project_id)s"),
 }
-# scoperouter's own stand-ins for services the lab does not run (real neutron and cinder are
-# heavy): process name -> (service type, module, keystone service name). Always present.
+# swift's storage servers, on each cloud's backend address (not in the catalog: only the proxy
+# reaches them, through the rings)
+SWIFT_STORAGE_PORTS = {"object": 6200, "container": 6201, "account": 6202}
+# scoperouter's own stand-ins for services the lab does not run (real neutron is heavy):
+# process name -> (service type, module, keystone service name). The network stand-in is always
+# there; the block-storage one only when cinder is not selected (nova and openstacksdk ask
+# block storage about servers: STAND_IN_UNLESS).
 STAND_INS: dict[str, tuple[str, str, str]] = {
     "network": ("network", "scoperouter_lab.netstub", "neutron"),
     "block-storage": ("block-storage", "scoperouter_lab.blockstub", "cinder"),
 }
+STAND_IN_UNLESS = {"block-storage": "cinder"}  # stand-in -> the selected service replacing it
 PROXY_PORT = 3128
 PEER_PORT = 9443  # each router's peer link (TLS, the lab's CA): the other routers' hops
 SHARED_HOST = "127.0.0.1"
@@ -50,13 +60,18 @@ RABBIT_DIST_PORT = 25672
 EPMD_PORT = 4369
 
 # What the user selects with --services, and what each selection needs.
-SELECTABLE = ("keystone", "glance", "placement", "nova")
-DEFAULT_SERVICES = SELECTABLE  # what `lab up` runs when neither --services nor a state says
+SELECTABLE = ("keystone", "glance", "placement", "nova", "cinder", "swift", "heat")
+# what `lab up` runs when neither --services nor a state says: a laptop's lab
+DEFAULT_SERVICES = ("keystone", "glance", "placement", "nova")
+ALL = "all"  # --services all: every selectable service (what CI runs)
 REQUIRES = {
     "keystone": (),
     "glance": ("keystone",),
     "placement": ("keystone",),
     "nova": ("keystone", "glance", "placement"),
+    "cinder": ("keystone",),
+    "swift": ("keystone",),
+    "heat": ("keystone",),
 }
 # OpenStack service name -> service type in the catalog.
 SERVICE_TYPE = {
@@ -64,15 +79,33 @@ SERVICE_TYPE = {
     "glance": "image",
     "placement": "placement",
     "nova": "compute",
+    "cinder": "block-storage",
+    "swift": "object-store",
+    "heat": "orchestration",
     "network": "network",
 }
+# The long-running processes of each selected service, front (API) first.
+PROCESSES: dict[str, tuple[str, ...]] = {
+    "keystone": ("keystone",),
+    "glance": ("glance",),
+    "placement": ("placement",),
+    "nova": ("nova-api", "nova-conductor", "nova-scheduler", "nova-compute"),
+    "cinder": ("cinder-api", "cinder-scheduler", "cinder-volume"),
+    "swift": ("swift-proxy", "swift-account", "swift-container", "swift-object"),
+    "heat": ("heat-api", "heat-engine"),
+}
+# Services that talk over the shared RabbitMQ.
+MESSAGING = ("nova", "cinder", "heat")
 # Databases per selected service, in the shared PostgreSQL (placement uses SQLite: see
-# templates.placement_conf).
+# templates.placement_conf; swift keeps its own SQLite files on its storage).
 DATABASES: dict[str, tuple[str, ...]] = {
     "keystone": ("keystone",),
     "glance": ("glance",),
     "placement": (),
     "nova": ("nova_api", "nova_cell0", "nova_cell1"),
+    "cinder": ("cinder",),
+    "swift": (),
+    "heat": ("heat",),
 }
 
 
@@ -84,18 +117,38 @@ def default_dir() -> Path:
 
 
 def resolve_services(text: str | None) -> tuple[str, ...]:
-    """``"glance"`` -> ``("keystone", "glance")``; raises ValueError on unknown names."""
-    wanted = [s.strip() for s in (text or ",".join(SELECTABLE)).split(",") if s.strip()]
+    """``"glance"`` -> ``("keystone", "glance")``, ``"all"`` -> every selectable service,
+    nothing -> the default; raises ValueError on unknown names."""
+    wanted = [s.strip() for s in (text or ",".join(DEFAULT_SERVICES)).split(",") if s.strip()]
+    if ALL in wanted:
+        wanted = [s for s in wanted if s != ALL] + list(SELECTABLE)
     unknown = [s for s in wanted if s not in SELECTABLE]
     if unknown:
         raise ValueError(
-            f"unknown service(s) {', '.join(unknown)}; choose from {', '.join(SELECTABLE)}"
+            f"unknown service(s) {', '.join(unknown)}; choose from {', '.join(SELECTABLE)} "
+            f"(or {ALL})"
         )
     chosen: set[str] = set()
     for name in wanted:
         chosen.add(name)
         chosen.update(REQUIRES[name])
     return tuple(s for s in SELECTABLE if s in chosen)
+
+
+def stand_ins(services: tuple[str, ...]) -> tuple[str, ...]:
+    """The stand-ins a cloud runs beside `services` (see STAND_IN_UNLESS)."""
+    return tuple(s for s in STAND_INS if STAND_IN_UNLESS.get(s) not in services)
+
+
+def service_types(services: tuple[str, ...]) -> list[str]:
+    """The service types a cloud running `services` registers in its catalog, the stand-ins'
+    included."""
+    types = [SERVICE_TYPE[s] for s in services]
+    return types + [STAND_INS[s][0] for s in stand_ins(services) if STAND_INS[s][0] not in types]
+
+
+def needs_messaging(services: tuple[str, ...]) -> bool:
+    return any(s in MESSAGING for s in services)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from scoperouter_lab.layout import (
     POSTGRES_PORT,
     RABBIT_PORT,
     SHARED_HOST,
+    SWIFT_STORAGE_PORTS,
     CloudSpec,
     LabPaths,
 )
@@ -31,6 +32,7 @@ class Secrets:
     rabbit: str
     router: str  # the cloud's `scoperouter` user (service role), used by the other routers
     alt_demo: str  # a second ordinary user (project alt_demo), like devstack's
+    swift_hash: str = ""  # swift's hash path suffix (which partition holds a name)
 
 
 @dataclass(frozen=True)
@@ -235,6 +237,14 @@ valid_interfaces = public
             _auth(ctx, "service_user", "nova", "send_service_user_token = true\n"),
             _auth(ctx, "placement", "nova", "valid_interfaces = public\n"),
             _auth(ctx, "neutron", "nova", "valid_interfaces = public\n"),
+            # cinder (or the lab's block-storage stand-in) as the catalog lists it; nova calls
+            # it with the user's token (scope included: block storage follows compute)
+            _auth(
+                ctx,
+                "cinder",
+                "nova",
+                f"os_region_name = {c.region}\ncatalog_info = block-storage::publicURL\n",
+            ),
         ]
     )
 
@@ -265,8 +275,13 @@ def uwsgi_ini(
     env: dict[str, str],
     processes: int = 1,
     threads: int = 1,
+    argv: tuple[str, ...] = (),
 ) -> str:
+    """`argv`: the application's command-line arguments (sys.argv[1:], uWSGI's pyargv), for
+    the services that read their config files from there (cinder, heat)."""
     envs = "".join(f"env = {k}={v}\n" for k, v in env.items())
+    if argv:
+        envs += f"pyargv = {' '.join(argv)}\n"
     return f"""[uwsgi]
 http-socket = {ctx.cloud.back_ip}:{port}
 module = {module}
@@ -290,3 +305,219 @@ http-auto-chunked = true
 add-header = Connection: close
 procname-prefix-spaced = {ctx.cloud.slug}-{name}
 {envs}"""
+
+
+def cinder_conf(ctx: CloudContext) -> str:
+    """cinder-api, -scheduler and -volume: one backend, cinder's own fake driver (it logs what
+    it would do: volumes are rows, attachments answer an iSCSI-shaped connection that nova's
+    fake virt driver records), as nova's fake virt driver fakes servers."""
+    c = ctx.cloud
+    return f"""[DEFAULT]
+debug = false
+host = {c.slug}-volume
+my_ip = {c.back_ip}
+state_path = {ctx.data("cinder")}
+transport_url = {ctx.transport_url}
+auth_strategy = keystone
+api_paste_config = {ctx.etc("cinder") / "api-paste.ini"}
+# which filters a list accepts (name, status ...): without it every filter is refused
+resource_query_filters_file = {ctx.paths.venv / "etc" / "cinder" / "resource_filters.json"}
+enabled_backends = fake
+osapi_volume_workers = 1
+graceful_shutdown_timeout = 5
+
+[fake]
+volume_driver = cinder.tests.fake_driver.FakeLoggingVolumeDriver
+volume_backend_name = fake
+
+[database]
+connection = {ctx.db_url("cinder")}
+
+[oslo_concurrency]
+lock_path = {ctx.data("locks")}
+
+[oslo_messaging_notifications]
+driver = noop
+
+[coordination]
+backend_url = file://{ctx.data("cinder")}
+""" + "".join(
+        [
+            _authtoken(ctx, "cinder", "block-storage"),
+            _auth(ctx, "nova", "cinder", "interface = public\n"),
+            _auth(ctx, "service_user", "cinder", "send_service_user_token = true\n"),
+        ]
+    )
+
+
+def heat_conf(ctx: CloudContext) -> str:
+    """heat-api and heat-engine. Stack users live in their own domain (`heat`, administered by
+    `heat_domain_admin`, set up by `lab up` as devstack does); deferred operations use trusts
+    to the `heat` service user. The engine calls nova, glance and the others with the user's
+    token, scope included, through the router (HTTP_PROXY), like nova-api."""
+    c = ctx.cloud
+    venv_etc = ctx.paths.venv / "etc" / "heat"
+    return f"""[DEFAULT]
+debug = false
+host = {c.slug}-heat
+transport_url = {ctx.transport_url}
+num_engine_workers = 1
+region_name_for_services = {c.region}
+deferred_auth_method = trusts
+stack_user_domain_name = heat
+stack_domain_admin = heat_domain_admin
+stack_domain_admin_password = {ctx.secrets.service}
+# where booted servers would call back (heat-api-cfn, :8000): the lab's servers are fake and
+# never boot, so nothing runs there; heat needs the URLs to render a server's metadata
+heat_metadata_server_url = http://{c.back_ip}:8000
+heat_waitcondition_server_url = http://{c.back_ip}:8000/v1/waitcondition
+environment_dir = {venv_etc / "environment.d"}
+template_dir = {venv_etc / "templates"}
+graceful_shutdown_timeout = 5
+
+[database]
+connection = {ctx.db_url("heat")}
+
+[paste_deploy]
+api_paste_config = {ctx.etc("heat") / "api-paste.ini"}
+
+[heat_api]
+workers = 1
+
+[clients]
+endpoint_type = publicURL
+
+[clients_keystone]
+auth_uri = {c.endpoint_url("identity", ctx.routed).removesuffix("/v3")}
+
+[ec2authtoken]
+auth_uri = {ctx.keystone_url}
+
+[oslo_concurrency]
+lock_path = {ctx.data("locks")}
+
+[oslo_messaging_notifications]
+driver = noop
+""" + "".join(
+        [
+            _authtoken(ctx, "heat", "orchestration"),
+            _auth(ctx, "trustee", "heat"),
+        ]
+    )
+
+
+SWIFT_LOG_MODULE = "lab_swift_logging"  # SWIFT_LOG_HOOK's module, in the swift etc dir
+SWIFT_LOG_HOOK = """# Written by `scoperouter lab up`: swift's loggers write to the console only
+# (the lab's log file of the process), not to syslog, which swift adds whatever else it is told.
+from logging.handlers import SysLogHandler
+
+
+def console_only(conf, name, log_to_console, log_route, fmt, logger, adapted_logger):
+    for handler in list(logger.handlers):
+        if isinstance(handler, SysLogHandler):
+            logger.removeHandler(handler)
+            handler.close()
+"""
+
+
+def swift_conf(ctx: CloudContext) -> str:
+    """swift.conf, which swift's servers read from their `swift_dir` (constraints and storage
+    policies are read from /etc/swift only: their defaults hold, one policy, 4 KiB of
+    metadata an object)."""
+    return f"""[swift-hash]
+swift_hash_path_suffix = {ctx.secrets.swift_hash}
+swift_hash_path_prefix = {ctx.cloud.slug}
+
+[storage-policy:0]
+name = Policy-0
+default = yes
+"""
+
+
+def _swift_default(ctx: CloudContext, kind: str, port: int) -> str:
+    # workers = 0: one process serves (no fork); mount_check off: the devices are directories
+    return f"""[DEFAULT]
+bind_ip = {ctx.cloud.back_ip}
+bind_port = {port}
+workers = 0
+swift_dir = {ctx.etc("swift")}
+devices = {ctx.data("swift")}
+mount_check = false
+log_name = {ctx.cloud.slug}-swift-{kind}
+log_level = INFO
+log_custom_handlers = {SWIFT_LOG_MODULE}.console_only
+"""
+
+
+def swift_storage_conf(ctx: CloudContext, kind: str) -> str:
+    """account-, container- or object-server.conf (`kind`: account, container, object)."""
+    return (
+        _swift_default(ctx, kind, SWIFT_STORAGE_PORTS[kind])
+        + f"""
+[pipeline:main]
+pipeline = healthcheck {kind}-server
+
+[app:{kind}-server]
+use = egg:swift#{kind}
+
+[filter:healthcheck]
+use = egg:swift#healthcheck
+"""
+    )
+
+
+_SWIFT_PLAIN_FILTERS = ("catch_errors", "gatekeeper", "healthcheck", "listing_formats", "bulk",
+                        "tempurl", "copy", "container_quotas", "account_quotas", "slo", "dlo",
+                        "symlink")  # fmt: skip
+
+
+def swift_proxy_conf(ctx: CloudContext) -> str:
+    """proxy-server.conf: keystone auth (authtoken + keystoneauth: a project's account is
+    AUTH_<project id>, its admin and member roles operate it), accounts made on first use,
+    large objects (SLO, DLO), no memcached (the proxy asks the storage servers each time).
+    The access log shows no token (reveal_sensitive_prefix = 0)."""
+    filters = "".join(f"\n[filter:{f}]\nuse = egg:swift#{f}\n" for f in _SWIFT_PLAIN_FILTERS)
+    return (
+        _swift_default(ctx, "proxy", 8080)
+        + f"""
+[pipeline:main]
+pipeline = catch_errors gatekeeper healthcheck proxy_logging listing_formats bulk tempurl
+    authtoken keystoneauth copy container_quotas account_quotas slo dlo versioned_writes symlink
+    proxy_logging proxy-server
+
+[app:proxy-server]
+use = egg:swift#proxy
+account_autocreate = true
+node_timeout = 60
+
+[filter:proxy_logging]
+use = egg:swift#proxy_logging
+reveal_sensitive_prefix = 0
+
+[filter:versioned_writes]
+use = egg:swift#versioned_writes
+allow_versioned_writes = true
+
+[filter:keystoneauth]
+use = egg:swift#keystoneauth
+reseller_prefix = AUTH_
+operator_roles = admin, member
+reseller_admin_role = ResellerAdmin
+
+[filter:authtoken]
+paste.filter_factory = keystonemiddleware.auth_token:filter_factory
+delay_auth_decision = true
+www_authenticate_uri = {ctx.keystone_url}
+auth_url = {ctx.keystone_url}
+auth_type = password
+project_domain_name = Default
+user_domain_name = Default
+project_name = service
+username = swift
+password = {ctx.secrets.service}
+region_name = {ctx.cloud.region}
+interface = public
+service_token_roles_required = true
+service_type = object-store
+{filters}"""
+    )

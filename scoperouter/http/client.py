@@ -213,8 +213,10 @@ async def relay(
     extra: Fields,
     timeout: float,
     body: bytes | None = None,
+    dropped: frozenset[bytes] = wire.HOP_BY_HOP,
 ) -> bool:
-    """Write the answer to `client`: its head without hop-by-hop fields, `extra` added, and
+    """Write the answer to `client`: its head without hop-by-hop fields (nor the others named
+    in `dropped`, lower case, a superset of them: e.g. those `extra` sets), `extra` added, and
     its body streamed (re-framed; an upstream that sends none of it for `timeout` seconds
     while the client reads is cut off), or `body` instead when given (read whole, changed).
     Whether the client connection may carry another request. :class:`ExchangeError` when the
@@ -227,10 +229,9 @@ async def relay(
     length: bytes | None = None
     coding = connection = b""
     out: Fields = []
-    hop_by_hop = wire.HOP_BY_HOP
     for field in answer.fields:
         name = field[0].lower()
-        if name not in hop_by_hop:
+        if name not in dropped:
             out.append(field)
         elif name == b"content-length":
             length = field[1]

@@ -43,6 +43,9 @@ logger = logging.getLogger("scoperouter")
 _REQUEST_ID = REQUEST_ID_HEADER.encode()
 _REQUEST_ID_FIELD = b"X-Scope-Request-Id"
 _NOT_FORWARDED = wire.HOP_BY_HOP | {_REQUEST_ID, FRONTEND_HEADER.encode()}
+# An answer's fields not passed on: the request id is this router's (a peer router's answer
+# carries the same id, which would make it a repeated field)
+_NOT_RETURNED = wire.HOP_BY_HOP | {_REQUEST_ID}
 _TIMED_OUT: dict[str, TimedOut] = {"connect_timeout": "connect", "timeout": "response"}
 
 
@@ -249,6 +252,7 @@ class _Answering:
                 extra=[(_REQUEST_ID_FIELD, state.request_id.encode())],
                 timeout=plan.response_timeout,
                 body=body,
+                dropped=_NOT_RETURNED,
             )
         except ExchangeError as exc:
             # The upstream failed in the middle of its answer: the client's connection is cut

@@ -194,7 +194,8 @@ class _Runner:
         request = Request(self.request.method, headers, self.request.body)
         seconds = self.timeout if isinstance(self.timeout, float | int) else self.timeout(forward)
         try:
-            reply = await asyncio.wait_for(self.send(forward, url, request), seconds)
+            async with asyncio.timeout(seconds):  # (wait_for would make a task per part)
+                reply = await self.send(forward, url, request)
         except SendError as exc:
             outcome: Reply | SendError = exc
         except TimeoutError:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterable
@@ -97,32 +96,6 @@ def _wait_gone(admin: Any, servers: list[Any], timeout: float) -> None:
 
 
 OPENSTACK = Path(sys.executable).with_name("openstack")  # this venv's: it has --os-scope
-
-
-class RSSSampler:
-    """Peak resident memory of a process, sampled every `interval` seconds in a thread."""
-
-    def __init__(self, pid: int, interval: float = 0.02) -> None:
-        import psutil
-
-        self.process = psutil.Process(pid)
-        self.interval = interval
-        self.peak = self.start = self.process.memory_info().rss
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.process.memory_info().rss)
-            self._stop.wait(self.interval)
-
-    def __enter__(self) -> RSSSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 # The broker's operation deadlines here; a wait lasts the deadline plus what a worker takes to

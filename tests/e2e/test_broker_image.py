@@ -22,13 +22,13 @@ from tests.broker.passes import MemoryOperation, after, drive, instance
 from tests.e2e.broker_services import (
     RUN,
     OSBBroker,
-    RSSSampler,
     broker_clouds,
     context,
     identity,
     instance_id,
     sweep,
 )
+from tests.e2e.memory import RSSSampler
 
 pytestmark = pytest.mark.e2e
 

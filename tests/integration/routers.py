@@ -218,6 +218,7 @@ class Reply:
     status: int
     headers: dict[str, str]
     body: bytes
+    fields: tuple[tuple[str, str], ...] = ()  # the head's fields as sent, repeated ones too
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -246,7 +247,8 @@ def request(
         conn.request(method, target, body=body, headers=dict(headers or {}))
         response = conn.getresponse()
         data = response.read()
-        return Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, data)
+        fields = tuple((k.lower(), v) for k, v in response.getheaders())
+        return Reply(response.status, dict(fields), data, fields)
     finally:
         conn.close()
 

@@ -236,6 +236,8 @@ def test_a_remote_call_crosses_the_tls_peer_link(links: Links) -> None:
     assert seen["headers"]["x-scope-hops"] == "2"
     assert "x-scope-frontend" not in seen["headers"]  # the link's header stops at the router
     rid = reply.headers["x-scope-request-id"]
+    # one request id, the entry router's: the peer router's (the same id) is not passed on
+    assert [v for k, v in reply.fields if k == "x-scope-request-id"] == [rid]
     sent = links.routers["one"].wait_for_access(request_id=rid)[0]
     assert sent["target"].startswith(f"https://{TWO}:{links.relay.port}/"), sent
     links.routers["two"].wait_for_access(request_id=rid, status=200)

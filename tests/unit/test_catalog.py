@@ -361,6 +361,59 @@ def test_match_is_the_longest_segment_prefix(
         assert (backend is not None) == (paths[0] == "" or _reference(paths[:1], path) is not None)
 
 
+@pytest.mark.parametrize(
+    ("url", "fixed", "rest"),
+    [
+        ("http://h:8080/v1/AUTH_%(project_id)s", "http://h:8080/v1", "/AUTH_%(project_id)s"),
+        ("http://h:8004/v1/$(tenant_id)s", "http://h:8004/v1", "/$(tenant_id)s"),
+        ("http://h:8004/heat/v1/%(tenant_id)s/x", "http://h:8004/heat/v1", "/%(tenant_id)s/x"),
+        ("http://h:9292", "http://h:9292", ""),
+        ("http://h:8776/v3", "http://h:8776/v3", ""),
+    ],
+)  # fmt: skip
+def test_untemplated_splits_at_the_first_substituted_segment(
+    url: str, fixed: str, rest: str
+) -> None:
+    found, tail = catalog_module.untemplated(parse_url(url))
+    assert (str(found), tail) == (fixed, rest)
+
+
+def test_templated_endpoint_urls_match_the_projects_paths() -> None:
+    """Keystone lists object storage as ``/v1/AUTH_%(project_id)s``: the config takes the URL
+    as keystone lists it, and a request for any project's account is that endpoint's, its path
+    forwarded unchanged to the backend."""
+    data = sample()
+    data["clouds"]["CloudOne"]["frontends"].append({"url": "http://127.0.0.2:8080"})
+    data["clouds"]["CloudOne"]["services"]["object-store"] = {
+        "public": {
+            "url": "http://127.0.0.2:8080/v1/AUTH_%(project_id)s",
+            "backend": "http://127.0.1.2:8080/v1/AUTH_%(project_id)s",
+        }
+    }
+    cat = build_catalog(data)
+    m = cat.match("127.0.0.2", 8080, "/v1/AUTH_0123abcd/container/object?multipart-manifest=get")
+    assert m is not None and m.endpoint.service_type == "object-store"
+    assert m.target(m.endpoint.backend) == (
+        "http://127.0.1.2:8080/v1/AUTH_0123abcd/container/object?multipart-manifest=get"
+    )
+    info = cat.match("127.0.0.2", 8080, "/info")  # swift's capabilities, at the root
+    assert info is not None and info.target(info.endpoint.backend) == "http://127.0.1.2:8080/info"
+
+
+def test_templated_url_and_backend_must_end_alike() -> None:
+    data = sample()
+    data["clouds"]["CloudOne"]["frontends"].append({"url": "http://127.0.0.2:8080"})
+    data["clouds"]["CloudOne"]["services"]["object-store"] = {
+        "public": {
+            "url": "http://127.0.0.2:8080/v1/AUTH_%(project_id)s",
+            "backend": "http://127.0.1.2:8080/v1/KEY_%(project_id)s",
+        }
+    }
+    with pytest.raises(ConfigError, match="templated part") as err:
+        build_catalog(data)
+    assert "object-store.public.backend" in str(err.value)
+
+
 _URL_PIECES = st.sampled_from(["a", "Z", "0", "9", ".", "-", "_", ":", "/", "?", "#", " ", "@"])
 
 

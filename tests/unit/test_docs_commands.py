@@ -293,10 +293,11 @@ def test_the_route_examples_print_what_the_pages_say(capsys: pytest.CaptureFixtu
 
 
 def lab_federation(directory: Path) -> Path:
-    """The federation config `scoperouter lab up` writes for its default two clouds, made as
-    the lab makes it (its catalog rows, its import, its CA and peer links), with no lab."""
+    """The federation config `scoperouter lab up` writes for its default two clouds and
+    services, made as the lab makes it (its catalog rows, its import, its CA and peer links),
+    with no lab."""
     from scoperouter_lab import files, pki
-    from scoperouter_lab.layout import SERVICE_PORTS, CloudSpec
+    from scoperouter_lab.layout import DEFAULT_SERVICES, CloudSpec, service_types
 
     rows = {}
     for index in (1, 2):
@@ -308,7 +309,7 @@ def lab_federation(directory: Path) -> Path:
                 "url": cloud.endpoint_url(stype, routed=True),
                 "region": cloud.region,
             }
-            for stype in SERVICE_PORTS
+            for stype in service_types(DEFAULT_SERVICES)
         ]
     config = pki.peer_links(files.federation_config(rows), directory / "pki")
     path = directory / "federation.yaml"

@@ -121,8 +121,124 @@ def test_address_plan():
 def test_resolve_services_adds_dependencies():
     assert resolve_services("nova") == ("keystone", "glance", "placement", "nova")
     assert resolve_services("glance") == ("keystone", "glance")
+    assert resolve_services("heat,swift") == ("keystone", "swift", "heat")
+    assert resolve_services(None) == ("keystone", "glance", "placement", "nova")  # a laptop's
+    assert resolve_services("all") == (
+        "keystone", "glance", "placement", "nova", "cinder", "swift", "heat"
+    )  # fmt: skip
     with pytest.raises(ValueError, match="unknown"):
         resolve_services("neutron")
+
+
+def test_processes_and_catalog_follow_the_selected_services(tmp_path: Path):
+    """cinder replaces the block-storage stand-in (same port, same catalog entry); swift and
+    heat add their processes and catalog entries; the router listens where the catalog says."""
+    from scoperouter_lab.cloud import CloudRunner, Step
+    from scoperouter_lab.lab import Lab
+    from scoperouter_lab.layout import LabPaths, service_types
+    from scoperouter_lab.procs import ProcessTable
+    from scoperouter_lab.templates import CloudContext
+
+    def runner(services: tuple[str, ...]) -> CloudRunner:
+        ctx = CloudContext(CloudSpec(1), LabPaths(tmp_path), SECRETS, routed=True)
+        return CloudRunner(ctx, services, ProcessTable(tmp_path / "run"),
+                           Step(lambda *a: None), proxy_env=True)  # fmt: skip
+
+    small = runner(resolve_services(None))
+    assert "block-storage" in small.process_names() and "cinder-api" not in small.process_names()
+    assert set(small.service_types()) == {"identity", "image", "placement", "compute",
+                                          "network", "block-storage"}  # fmt: skip
+    full = runner(resolve_services("all"))
+    names = full.process_names()
+    assert "block-storage" not in names and "network" in names
+    new = ("cinder-api", "cinder-scheduler", "cinder-volume", "swift-proxy", "swift-account",
+           "swift-container", "swift-object", "heat-api", "heat-engine")  # fmt: skip
+    assert set(new) <= set(names)
+    assert full.service_types().count("block-storage") == 1
+    assert {"object-store", "orchestration"} <= set(full.service_types())
+    assert full.listen_port("cinder-api") == 8776 == small.listen_port("block-storage")
+    assert full.listen_port("swift-proxy") == 8080 and full.listen_port("heat-engine") is None
+    assert full.health_url("swift-object") == "http://127.0.1.2:6200/healthcheck"
+    lab = Lab(tmp_path, services=resolve_services("all"), out=io.StringIO())
+    ports = {port for _, port in lab.router_listens(CloudSpec(1))}
+    assert {8080, 8004, 8776, 5000, 3128, 9443} <= ports
+    assert service_types(("keystone",)) == ["identity", "network", "block-storage"]
+    # lab status sums each service's processes over the clouds
+    assert [lab._service_of(p) for p in ("cloudtwo-cinder-volume", "cloudone-swift-object",
+            "cloudone-nova-api", "cloudone-router", "cloudone-network", "epmd")] == [
+        "cinder", "swift", "nova", "router", "network (stand-in)", "rabbitmq"]  # fmt: skip
+
+
+def test_federation_config_routes_object_storage_and_orchestration(tmp_path: Path):
+    """Keystone lists swift's and heat's endpoints with the project id substituted in each
+    token's catalog: the generated federation config keeps the template, and the router routes
+    every project's account to its cloud's proxy."""
+    clouds = [CloudSpec(1), CloudSpec(2)]
+    rows = {
+        c: [{"service_type": t, "interface": "public", "url": c.endpoint_url(t, True),
+             "region": c.name} for t in ("identity", "object-store", "orchestration")]
+        for c in clouds
+    }  # fmt: skip
+    path = tmp_path / "federation.yaml"
+    path.write_text(files.dump(files.federation_config(rows), "# test\n"))
+    catalog = load_catalog(path)
+    m = catalog.match("127.0.0.3", 8080, "/v1/AUTH_0a1b/photos/cat.jpg")
+    assert m is not None and (m.endpoint.cloud, m.endpoint.service_type) == (
+        "CloudTwo", "object-store"
+    )  # fmt: skip
+    assert m.target(m.endpoint.backend) == "http://127.0.1.3:8080/v1/AUTH_0a1b/photos/cat.jpg"
+    m = catalog.match("127.0.0.2", 8004, "/v1/0a1b/stacks")
+    assert m is not None and m.target(m.endpoint.backend) == "http://127.0.1.2:8004/v1/0a1b/stacks"
+
+
+def test_service_configs_parse_and_keep_tokens_out_of_logs(tmp_path: Path):
+    """The new services' files parse as INI (swift's with paste's interpolation, so no stray
+    %), swift's proxy logs no token prefix and has large objects and keystone auth, cinder runs
+    its fake driver, heat its stack domain."""
+    import configparser
+
+    from scoperouter_lab import templates as T
+    from scoperouter_lab.layout import LabPaths
+
+    sec = Secrets(admin="a", demo="d", service="s", db="p", rabbit="r", router="x",
+                  alt_demo="l", swift_hash="h")  # fmt: skip
+    ctx = T.CloudContext(CloudSpec(1), LabPaths(tmp_path), sec, routed=True)
+    proxy = configparser.ConfigParser()
+    proxy.read_string(T.swift_proxy_conf(ctx))
+    pipeline = proxy["pipeline:main"]["pipeline"].split()
+    for needed in ("authtoken", "keystoneauth", "slo", "dlo", "proxy_logging"):
+        assert needed in pipeline
+    assert pipeline.index("authtoken") < pipeline.index("keystoneauth") < pipeline.index("slo")
+    assert pipeline[-1] == "proxy-server"
+    for section in pipeline[:-1]:
+        assert f"filter:{section}" in proxy, section
+    assert proxy["filter:proxy_logging"]["reveal_sensitive_prefix"] == "0"
+    assert proxy["filter:keystoneauth"]["reseller_prefix"] == "AUTH_"
+    assert proxy["app:proxy-server"]["account_autocreate"] == "true"
+    assert proxy["DEFAULT"]["bind_ip"] == "127.0.1.2" and proxy["DEFAULT"]["mount_check"] == "false"
+    for kind in ("account", "container", "object"):
+        conf = configparser.ConfigParser()
+        conf.read_string(T.swift_storage_conf(ctx, kind))
+        assert conf["pipeline:main"]["pipeline"] == f"healthcheck {kind}-server"
+    swift = configparser.ConfigParser()
+    swift.read_string(T.swift_conf(ctx))
+    assert swift["swift-hash"]["swift_hash_path_suffix"] == "h"
+    compile(T.SWIFT_LOG_HOOK, "hook", "exec")
+    cinder = configparser.ConfigParser(interpolation=None)
+    cinder.read_string(T.cinder_conf(ctx))
+    assert cinder["fake"]["volume_driver"] == "cinder.tests.fake_driver.FakeLoggingVolumeDriver"
+    assert cinder["DEFAULT"]["enabled_backends"] == "fake"
+    heat = configparser.ConfigParser(interpolation=None)
+    heat.read_string(T.heat_conf(ctx))
+    assert heat["DEFAULT"]["stack_user_domain_name"] == "heat"
+    assert heat["trustee"]["username"] == "heat"
+    assert heat["clients_keystone"]["auth_uri"] == "http://127.0.0.2:5000"
+    nova = configparser.ConfigParser(interpolation=None)
+    nova.read_string(T.nova_conf(ctx))
+    assert nova["cinder"]["catalog_info"] == "block-storage::publicURL"
+    ini = T.uwsgi_ini(ctx, "cinder-api", "cinder.wsgi.api:application", 8776, {}, 1, 2,
+                      ("--config-file", "/x/cinder.conf"))  # fmt: skip
+    assert "pyargv = --config-file /x/cinder.conf\n" in ini
 
 
 def test_rabbit_password_hash_format():
@@ -342,7 +458,9 @@ def test_templates_hold_no_machine_specific_path(tmp_path: Path):
     uwsgi = T.uwsgi_ini(ctx, "keystone", "keystone.wsgi.api:application", 5000, {})
     rendered = [
         *(f(ctx) for f in (T.keystone_conf, T.glance_conf, T.placement_conf, T.nova_conf)),
-        *(f(ctx) for f in (T.nova_db_conf, T.nova_cell0_map_conf)),
+        *(f(ctx) for f in (T.nova_db_conf, T.nova_cell0_map_conf, T.cinder_conf, T.heat_conf)),
+        T.swift_proxy_conf(ctx),
+        T.swift_storage_conf(ctx, "object"),
         uwsgi,
     ]
     machine = [str(Path.home()), "/work/", str(Path(__file__).resolve().parents[2])]

@@ -12,7 +12,7 @@ import yaml
 from scoperouter.catalog import Catalog
 from scoperouter.config import build_catalog
 from scoperouter.errors import Reject
-from scoperouter.routing import Forward, RequestFacts, decide
+from scoperouter.routing import FanOut, Forward, RequestFacts, decide
 
 from .conftest import SAMPLE
 
@@ -349,6 +349,90 @@ def test_placement_named_away_from_compute_is_refused_for_compute(catalog: Catal
     assert forward(catalog, facts(x_scope=scope)).cloud == "CloudOne"
     both = '{"placement": "CloudTwo", "compute": "CloudTwo"}'
     assert forward(catalog, facts("/servers", 8774, x_scope=both)).cloud == "CloudTwo"
+
+
+def _with_block_storage(catalog_type: str = "block-storage") -> Catalog:
+    """The sample federation with block storage (cinder, on :8776) in both clouds, listed
+    under `catalog_type` (block-storage, or one of its aliases such as volumev3)."""
+    data = yaml.safe_load(SAMPLE.read_text())
+    for name, ip in (("CloudOne", "2"), ("CloudTwo", "3")):
+        cloud = data["clouds"][name]
+        cloud["frontends"].append({"url": f"http://127.0.0.{ip}:8776"})
+        cloud["services"][catalog_type] = {
+            "public": {"url": f"http://127.0.0.{ip}:8776/v3", "backend": f"http://127.0.1.{ip}:8776/v3"}
+        }  # fmt: skip
+    return build_catalog(data)
+
+
+def test_block_storage_follows_compute_when_completed() -> None:
+    """`{"compute": "CloudTwo"}` means CloudTwo's volumes too: nova in CloudTwo calls cinder with
+    the user's scoped token, which must name the cloud the server runs in."""
+    cat = _with_block_storage()
+    d = forward(cat, facts("/servers", 8774, x_scope='{"compute": "CloudTwo"}'))
+    assert d.cloud == "CloudTwo"
+    assert '"block-storage":"CloudTwo"' in d.set_headers["x-scope"]
+    # the volume API of a scope that names only compute goes where compute goes
+    d = forward(cat, facts("/v3/volumes", 8776, x_scope='{"compute": "CloudTwo"}'))
+    assert (d.cloud, d.service_type) == ("CloudTwo", "block-storage")
+    # without a scope for compute, block storage stays local
+    d = forward(cat, facts("/v3/volumes", 8776, x_scope='{"image": "CloudTwo"}'))
+    assert (d.cloud, d.remote) == ("CloudOne", False)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/servers", "/servers/abc/os-volume_attachments", "/servers/abc/os-volume_attachments/v"],
+)
+def test_block_storage_named_away_from_compute_is_refused_for_compute(path: str) -> None:
+    """A server in CloudOne cannot use a volume of CloudTwo: every compute request of such a
+    scope is a 400 saying why (its attachments, its creation with a volume, its reads alike:
+    the router decides on the head, not on what the body asks for)."""
+    cat = _with_block_storage()
+    scope = '{"block-storage": "CloudTwo"}'  # compute: completed with CloudOne
+    r = reject(cat, facts(path, 8774, x_scope=scope))
+    assert r.status == 400
+    assert "'CloudTwo' for block-storage but 'CloudOne' for compute" in r.message
+    assert "block devices do not cross clouds" in r.message
+    assert "leave block-storage out" in r.message
+    # honoured where it means something: the volume API, and every other service
+    d = forward(cat, facts("/v3/volumes", 8776, x_scope=scope))
+    assert (d.cloud, d.service_type, d.remote) == ("CloudTwo", "block-storage", True)
+    assert forward(cat, facts(x_scope=scope)).cloud == "CloudOne"
+    both = '{"block-storage": "CloudTwo", "compute": "CloudTwo"}'
+    assert forward(cat, facts(path, 8774, x_scope=both)).cloud == "CloudTwo"
+
+
+@pytest.mark.parametrize("alias", ["volumev3", "volume"])
+def test_block_storage_aliases_follow_compute_too(alias: str) -> None:
+    cat = _with_block_storage(alias)
+    r = reject(cat, facts("/servers", 8774, x_scope=json.dumps({alias: "CloudTwo"})))
+    assert r.status == 400 and f"for {alias} but 'CloudOne' for compute" in r.message
+    d = forward(cat, facts("/servers", 8774, x_scope='{"compute": "CloudTwo"}'))
+    assert f'"{alias}":"CloudTwo"' in d.set_headers["x-scope"]
+
+
+def test_the_refusal_names_the_follower_that_is_apart() -> None:
+    cat = _with_block_storage()
+    scope = '{"compute": "CloudTwo", "placement": "CloudTwo", "block-storage": "CloudOne"}'
+    r = reject(cat, facts("/servers", 8774, x_scope=scope))
+    assert "'CloudOne' for block-storage but 'CloudTwo' for compute" in r.message
+    scope = '{"compute": "CloudTwo", "placement": "CloudOne", "block-storage": "CloudTwo"}'
+    r = reject(cat, facts("/servers", 8774, x_scope=scope))
+    assert "'CloudOne' for placement but 'CloudTwo' for compute" in r.message
+    assert "own credentials" in r.message
+
+
+def test_fan_out_of_compute_narrows_block_storage_with_it() -> None:
+    """`server list` over both clouds: each cloud's request names that cloud for compute and
+    for the volumes that follow it (the next router delivers, it does not refuse)."""
+    cat = _with_block_storage()
+    d = decide(facts("/servers", 8774, x_scope='{"compute": "CloudOne & CloudTwo"}'), cat,
+               "CloudOne", combined=True)  # fmt: skip
+    assert isinstance(d, FanOut), d
+    for label, part in d.parts:
+        assert isinstance(part, Forward)
+        scope = json.loads(part.set_headers["x-scope"])
+        assert scope["compute"] == scope["block-storage"] == scope["placement"] == label
 
 
 # ----------------------------------------------------------------- bounded cost and memory
