@@ -2,9 +2,13 @@
 
 The suites clean up after themselves when a test passes; a failing or interrupted test leaves
 projects, domains, users, roles, services (their endpoints go with them), regions, flavors,
-images, servers, keypairs ... behind. Everything they create is named in one of a few ways
-(``leaked`` below); nothing else is ever touched, so the resources of other users of the lab
-(``osb...``, ``e2e-...``, ``peer-...``, the seed data) are safe by construction.
+images, servers, keypairs, stacks, volumes and their snapshots ... behind (Tempest's dynamic
+credentials too: a project and users per test class). Object storage containers are not swept:
+they live in the accounts of the projects that made them, which the cloud's admin does not
+list (swift's reseller role would), and they go unused once their project is deleted.
+Everything they create is named in one of a few ways (``leaked`` below); nothing else is ever
+touched, so the resources of other users of the lab (``osb...``, ``e2e-...``, ``peer-...``, the
+seed data) are safe by construction.
 """
 
 from __future__ import annotations
@@ -89,7 +93,25 @@ def clean(admin: Any, system: Any | None = None) -> Report:
         c.delete_server(s, force=False)
         c.wait_for_delete(s, wait=120)
 
+    if admin.has_service("orchestration"):  # a stack owns servers, volumes ...: first
+        orch = admin.orchestration
+
+        def delete_stack(st: Any) -> None:
+            orch.delete_stack(st)
+            orch.wait_for_delete(st, wait=300)
+
+        _sweep(r, "stacks", lambda: orch.stacks(all_tenants=True), delete_stack)
     _sweep(r, "servers", lambda: c.servers(all_projects=True), delete_server)
+    if admin.has_service("block-storage"):  # after the servers: their volumes are detached
+        bs = admin.block_storage
+
+        def delete_volume(v: Any) -> None:
+            bs.delete_volume(v, cascade=True)  # its snapshots with it
+            bs.wait_for_delete(v, wait=120)
+
+        _sweep(r, "volume snapshots", lambda: bs.snapshots(all_projects=True), bs.delete_snapshot)
+        _sweep(r, "volumes", lambda: bs.volumes(all_projects=True), delete_volume)
+        _sweep(r, "volume types", bs.types, bs.delete_type)
     _sweep(r, "server groups", lambda: c.server_groups(all_projects=True), c.delete_server_group)
     if admin.has_service("network"):
         net = admin.network
