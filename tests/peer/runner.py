@@ -64,6 +64,7 @@ extra (pip install -e '.[peer]').
 SDK_IMAGE = "cirros-0.6.3-x86_64-disk"
 TEMPEST_IMAGE_ALT = "tiny"
 TEMPEST_FLAVORS = ("m1.tiny", "m1.small")
+TEMPEST_NETWORK = "private"  # the network stand-in's shared network
 # The lab's service names (lab.json "services") -> service types; the lab's own table first.
 SERVICE_TYPES = {
     "keystone": "identity",
@@ -366,11 +367,12 @@ def preflight(lab: Lab, cloud: str, mode: str, d: Path) -> list[str]:
     return problems
 
 
-def tempest_site(lab: Lab, cloud: str, mode: str) -> tempest.Site:
+def tempest_site(lab: Lab, cloud: str, mode: str, services: frozenset[str]) -> tempest.Site:
     """What a mode's tempest.conf says about the lab: its auth URL (the backend when direct),
     the admin credentials, the image to boot (the scope's cloud's when scoped: nova then
     fetches it from there) and the flavors, the service types the lab runs."""
     slug = cloud.lower()
+    network = "network" in lab.federation["clouds"][cloud]["services"]  # neutron or stand-in
     admin_entry = lab.clouds.get(f"{slug}-admin")
     if not isinstance(admin_entry, Mapping) or "auth" not in admin_entry:
         raise ConfigMissing(f"the lab's clouds.yaml has no entry {slug}-admin")
@@ -392,7 +394,8 @@ def tempest_site(lab: Lab, cloud: str, mode: str) -> tempest.Site:
         image_ref_alt=alt.id if alt is not None else image,
         flavor_ref=flavors[0],
         flavor_ref_alt=flavors[1],
-        services=lab.service_types,
+        services=services | ({"network"} if network else set()),
+        fixed_network=TEMPEST_NETWORK if network else None,
     )
 
 
@@ -455,6 +458,7 @@ def run_modes(
     keyword: str | None = None,
     jobs: int = 1,
     tempest_regexes: Sequence[str] = (),
+    services: frozenset[str] | None = None,
 ) -> tuple[dict[str, Results], dict[str, int], dict[str, float]]:
     """Each mode: the pytest suites' node `ids` (openstacksdk, python-openstackclient), then
     Tempest's tests matching `tempest_regexes`; outcomes, exit codes (the worst of both) and
@@ -470,8 +474,12 @@ def run_modes(
         d = prepare(workdir, mode, clouds)
         problems = preflight(lab, cloud, mode, d) if ids else []
         if tempest_regexes:
-            site = tempest_site(lab, cloud, mode)
-            hook = tempest.hook_config(mode, lab.federation, cloud, SCOPE, site.region)
+            runs = lab.service_types if services is None else services
+            site = tempest_site(lab, cloud, mode, runs)
+            stand_in = "network" in site.services and "network" not in runs
+            hook = tempest.hook_config(
+                mode, lab.federation, cloud, SCOPE, site.region, network_stand_in=stand_in
+            )
             tempest.write_mode_files(d, site, hook, _write)
             problems += tempest_preflight(lab, cloud, mode, d, site)
         if problems:
@@ -665,6 +673,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="REGEX",
         help="only the selected tempest tests whose ids REGEX is found in, e.g. 'test_servers'",
     )
+    p.add_argument(
+        "--services",
+        metavar="TYPES",
+        help="comma-separated service types the lab runs, e.g. identity,image,compute (default: "
+        "what the lab's state says it runs); groups of other services are left out",
+    )
     p.add_argument("--cloud", default="CloudOne", help="the lab cloud under test")
     p.add_argument(
         "--lab-dir",
@@ -741,7 +755,11 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     if args.cleanup_only:
         lab.clean(out)
         return 0
-    services = lab.service_types
+    services = (
+        frozenset(x.strip() for x in args.services.split(",") if x.strip())
+        if args.services
+        else lab.service_types
+    )
     ids, regexes = selected(args.selection, suites, services, args.tempest_filter)
     if not ids and not regexes:
         out.write("no test selected\n")
@@ -769,6 +787,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             keyword=args.keyword,
             jobs=args.jobs,
             tempest_regexes=regexes,
+            services=services,
         )
     except (ConfigMissing, ModeBroken) as exc:
         out.write(f"the lab cannot run the suites: {exc}\n")

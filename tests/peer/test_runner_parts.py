@@ -688,3 +688,36 @@ def test_groups_run_only_with_their_service() -> None:
     )
     assert not any(re.search(r, "tempest.api.image.v2.test_images.X.test_list[id-2]")
                    for r in filtered)  # fmt: skip
+
+
+def test_hook_lets_the_network_stand_ins_refusal_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tempest's dynamic credentials delete each project's default security group; the lab's
+    network stand-in refuses (403 naming itself): that refusal passes, any other error not."""
+    pytest.importorskip("tempest")
+    from tempest.lib import exceptions as lib_exc
+    from tempest.lib.common import cred_provider
+
+    from tests.peer import tempest_hook
+
+    cls = cred_provider.CredentialProvider
+    monkeypatch.setattr(cls, "cleanup_default_secgroup", cls.cleanup_default_secgroup)
+
+    class Groups:
+        def __init__(self, error: Exception) -> None:
+            self.error = error
+
+        def list_security_groups(self, **_: Any) -> dict[str, Any]:
+            return {"security_groups": [{"id": "g1", "name": "default"}]}
+
+        def delete_security_group(self, _: str) -> None:
+            raise self.error
+
+    stand_in = lib_exc.Forbidden("the lab's network stand-in keeps networks; DELETE ...")
+    other = lib_exc.Forbidden("policy does not allow")
+    provider: Any = None  # the method reads nothing of its provider
+    with pytest.raises(lib_exc.Forbidden):
+        cls.cleanup_default_secgroup(provider, Groups(stand_in), "p")  # unpatched: fails
+    tempest_hook.install({"network_stand_in": True})
+    cls.cleanup_default_secgroup(provider, Groups(stand_in), "p")
+    with pytest.raises(lib_exc.Forbidden, match="policy"):
+        cls.cleanup_default_secgroup(provider, Groups(other), "p")
