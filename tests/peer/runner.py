@@ -78,6 +78,8 @@ SERVICE_TYPES = {
 }
 SCOPE = {"image": "CloudTwo"}
 TEST_TIMEOUT = 300  # seconds, any one test (pytest-timeout)
+# files of openstacksdk's tree its tests open relative to the current directory
+SDK_TREE_FILES = ("openstack/tests/functional/orchestration/v1/hello_world.yaml",)
 PEER_MODULES = (
     "pytest_timeout",
     "pytest_reportlog",
@@ -237,8 +239,11 @@ def mode_env(bin_dir: Path) -> dict[str, str]:
 def prepare(workdir: Path, mode: str, clouds: Mapping[str, Any]) -> Path:
     """The mode's working directory: clouds.yaml (the suites find it in the current directory:
     python-openstackclient's tests drop every OS_* variable), an empty secure.yaml (so no
-    user-level one is merged), an empty pytest.ini, and CONTRIBUTING.rst (openstacksdk's image
-    tests upload that file from the current directory, as upstream runs from its tree)."""
+    user-level one is merged), an empty pytest.ini, and the files openstacksdk's tests open by a
+    path relative to the current directory, as upstream runs them from its tree:
+    CONTRIBUTING.rst (the image tests upload it) and the orchestration test's template (a copy
+    of the installed one, at its path in the tree: a directory without __init__.py, which never
+    shadows the installed package)."""
     d = workdir / mode
     if d.exists():
         shutil.rmtree(d)
@@ -249,6 +254,10 @@ def prepare(workdir: Path, mode: str, clouds: Mapping[str, Any]) -> Path:
     _write(
         d / "CONTRIBUTING.rst", "Contributing: content for the image upload tests.\n" * 20, 0o644
     )
+    root = site_root()
+    for relative in SDK_TREE_FILES:
+        (d / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / relative, d / relative)
     return d
 
 

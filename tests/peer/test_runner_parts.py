@@ -721,3 +721,16 @@ def test_hook_lets_the_network_stand_ins_refusal_pass(monkeypatch: pytest.Monkey
     cls.cleanup_default_secgroup(provider, Groups(stand_in), "p")
     with pytest.raises(lib_exc.Forbidden, match="policy"):
         cls.cleanup_default_secgroup(provider, Groups(other), "p")
+
+
+def test_mode_directory_holds_what_the_suites_open_from_the_tree(tmp_path: Path) -> None:
+    from tests.peer.runner import SDK_TREE_FILES, prepare
+
+    clouds = suite_clouds(LAB_CLOUDS, FEDERATION, "CloudOne", "router", SCOPE)
+    d = prepare(tmp_path, "router", clouds)
+    assert (d / "CONTRIBUTING.rst").stat().st_size > 0
+    for relative in SDK_TREE_FILES:
+        assert (d / relative).read_bytes() == (site_root() / relative).read_bytes()
+    assert not (d / "openstack" / "__init__.py").exists()  # never shadows the installed one
+    assert oct(d.stat().st_mode & 0o777) == "0o700"
+    assert oct((d / "clouds.yaml").stat().st_mode & 0o777) == "0o600"
