@@ -198,6 +198,20 @@ class Lab:
             config["auth"]["system_scope"] = "all"
         return connection.Connection(**config)
 
+    def project_ids(self, cloud: str) -> dict[str, str]:
+        """The project id of each of the cloud's clouds.yaml entries (``cloudone-alt`` -> id),
+        looked up by its admin."""
+        slug = cloud.lower()
+        out: dict[str, str] = {}
+        with contextlib.closing(self.connect(f"{slug}-admin")) as admin:
+            for entry, config in self.clouds.items():
+                if not entry.startswith(slug) or not isinstance(config, Mapping):
+                    continue
+                name = (config.get("auth") or {}).get("project_name")
+                if name:
+                    out[entry] = admin.identity.find_project(name, ignore_missing=False).id
+        return out
+
     def clean(self, out: TextIO) -> None:
         for cloud in self.cloud_names:
             slug = cloud.lower()
@@ -479,7 +493,8 @@ def run_modes(
     for mode in modes:
         if clean:
             lab.clean(out)
-        clouds = suite_clouds(lab.clouds, lab.federation, cloud, mode, SCOPE)
+        projects = lab.project_ids(cloud) if mode == "direct" else None
+        clouds = suite_clouds(lab.clouds, lab.federation, cloud, mode, SCOPE, projects)
         d = prepare(workdir, mode, clouds)
         problems = preflight(lab, cloud, mode, d) if ids else []
         if tempest_regexes:

@@ -180,6 +180,38 @@ def test_direct_mode_overrides_every_routed_endpoint_with_its_backend() -> None:
     yaml.safe_dump(clouds)
 
 
+def test_direct_mode_fills_the_project_of_templated_backends() -> None:
+    """openstacksdk's object store builds its URLs from the override as written: keystone's
+    %(project_id)s is filled with each entry's project; a system-scoped entry has none and
+    keeps the catalog for that service."""
+    fed = copy.deepcopy(FEDERATION)
+    services = fed["clouds"]["CloudOne"]["services"]
+    services["object-store"]["public"] = {
+        "url": "http://127.0.0.2:8080/v1/AUTH_%(project_id)s",
+        "backend": "http://127.0.1.2:8080/v1/AUTH_%(project_id)s",
+    }
+    services["orchestration"] = {
+        "public": {
+            "url": "http://127.0.0.2:8004/v1/%(tenant_id)s",
+            "backend": "http://127.0.1.2:8004/v1/%(tenant_id)s",
+        }
+    }
+    ids = {"cloudone": "p-demo", "cloudone-alt": "p-alt", "cloudone-admin": "p-admin"}
+    clouds = suite_clouds(LAB_CLOUDS, fed, "CloudOne", "direct", SCOPE, ids)
+    assert clouds["devstack"]["object_store_endpoint_override"] == (
+        "http://127.0.1.2:8080/v1/AUTH_p-demo"
+    )
+    assert clouds["devstack-alt"]["orchestration_endpoint_override"] == (
+        "http://127.0.1.2:8004/v1/p-alt"
+    )
+    assert clouds["devstack-admin"]["object_store_endpoint_override"].endswith("AUTH_p-admin")
+    system = clouds["devstack-system-admin"]
+    assert "object_store_endpoint_override" not in system
+    assert system["identity_endpoint_override"] == "http://127.0.1.2:5000/v3"
+    without = suite_clouds(LAB_CLOUDS, fed, "CloudOne", "direct", SCOPE)  # no ids: no override
+    assert "object_store_endpoint_override" not in without["devstack"]
+
+
 def test_scoped_mode_adds_the_scope_and_the_sdk_hook() -> None:
     clouds = suite_clouds(LAB_CLOUDS, FEDERATION, "CloudOne", "scoped", SCOPE)
     for entry in clouds.values():
