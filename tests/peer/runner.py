@@ -622,7 +622,10 @@ def print_report(
                 if failed and failed.status is Status.FAILED and failed.message:
                     out.write(f"      ({LETTER[m]}) {failed.message}\n")
     everywhere = comp.failing_everywhere()
-    out.write(f"\n== failing in every mode ({len(everywhere)}): the lab's limits, see README\n")
+    out.write(
+        f"\n== failing in every mode ({len(everywhere)}): the lab's limits, "
+        "docs/lab/openstack-suites.md lists them\n"
+    )
     for tid in everywhere:
         msg = comp.rows[tid][modes[0]].message
         out.write(f"  {tid}\n      {msg}\n")

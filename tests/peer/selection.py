@@ -45,9 +45,10 @@ INTEROP_LIST = Path(__file__).with_name("tempest-interop.txt")
 class Group:
     """Tests of one module or package: all of them, or the named classes / Class::test.
 
-    For Tempest, `module` is a test id prefix (``tempest.api.compute``), `only` names classes
-    or Class.test under it, and `listed` keeps only the tests of the interop list. `service`: a
-    service type the lab must run, else the group is left out."""
+    For Tempest, `module` is a test id prefix (``tempest.api.compute``), `only` names prefixes
+    under it (a package, a module, a Class or Class.test: ``servers.test_servers``), and
+    `listed` keeps only the tests of the interop list. `service`: a service type the lab must
+    run, else the group is left out."""
 
     suite: str
     module: str
@@ -258,7 +259,8 @@ _TEMPEST_CI = (
 )
 
 # Tests never started (pytest --deselect) because they wait for what the lab cannot do, up to a
-# timeout far beyond any budget; each fails in every mode, and README.md lists it.
+# timeout far beyond any budget; each fails in every mode, and docs/lab/openstack-suites.md lists
+# it.
 NOT_RUN: dict[str, str] = {
     "openstack/tests/functional/cloud/test_compute.py::TestCompute::"
     "test_create_image_snapshot_wait_active": "nova's fake virt driver never uploads a "
