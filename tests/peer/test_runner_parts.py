@@ -766,3 +766,33 @@ def test_mode_directory_holds_what_the_suites_open_from_the_tree(tmp_path: Path)
     assert not (d / "openstack" / "__init__.py").exists()  # never shadows the installed one
     assert oct(d.stat().st_mode & 0o777) == "0o700"
     assert oct((d / "clouds.yaml").stat().st_mode & 0o777) == "0o600"
+
+
+def test_cleanup_deletes_the_unused_access_rules_of_the_suites_users() -> None:
+    """Keystone keeps an access rule after its application credential is deleted: the suites'
+    users' unused rules go, a rule still in use and other users' rules stay."""
+    from types import SimpleNamespace as NS
+
+    users = [NS(id="u1", name="admin"), NS(id="u2", name="osb-user"),
+             NS(id="u3", name="tempest-X-1")]  # fmt: skip
+    rules = {"u1": [NS(id="r1"), NS(id="r2")], "u2": [NS(id="r3")], "u3": [NS(id="r4")]}
+    creds = {"u1": [NS(access_rules=[{"id": "r2"}])], "u2": [], "u3": [NS(access_rules=None)]}
+    deleted: list[str] = []
+
+    class Ident:
+        def users(self) -> list[Any]:
+            return users
+
+        def application_credentials(self, user: Any) -> list[Any]:
+            return creds[user.id]
+
+        def access_rules(self, user: Any) -> list[Any]:
+            return rules[user.id]
+
+        def delete_access_rule(self, user: Any, rule: Any) -> None:
+            deleted.append(f"{user.name}:{rule.id}")
+
+    report = cleanup.Report()
+    cleanup._sweep_access_rules(report, Ident())
+    assert deleted == ["admin:r1", "tempest-X-1:r4"]
+    assert report.line() == "2 access rules"
