@@ -149,7 +149,8 @@ def clean(admin: Any, system: Any | None = None) -> Report:
             sid.delete_registered_limit,
             lambda x: x.resource_name,
         )
-    _sweep_access_rules(r, ident)
+    # another user's access rules and credentials: keystone lets only the system scope see them
+    _sweep_access_rules(r, system.identity if system is not None else ident)
     _sweep(r, "users", ident.users, ident.delete_user)
     _sweep(r, "groups", ident.groups, ident.delete_group)
     _sweep(r, "projects", ident.projects, ident.delete_project)
