@@ -7,7 +7,10 @@ mode decides where requests go:
 
 * ``direct``: ``auth_url`` and one ``<service_type>_endpoint_override`` per routed service type
   at the backend (from the lab's federation.yaml), so no request of the suites enters a router.
-  (The services' own calls to each other still use the catalog, as the lab is wired.)
+  (The services' own calls to each other still use the catalog, as the lab is wired.) A
+  backend URL with keystone's project substitution (object storage's ``/v1/AUTH_%(project_id)s``,
+  orchestration's ``/v1/%(project_id)s``) is written with the entry's project id: openstacksdk's
+  object store builds its URLs from the override as it is.
 * ``router``: the entries as the lab wrote them (the catalog advertises the router).
 * ``scoped``: the same plus ``scope:`` and scoperouter's openstacksdk ``vendor_hook``; the
   ``openstack`` CLI's ``--os-scope`` plugin reads the same ``scope:`` key.
@@ -16,6 +19,7 @@ mode decides where requests go:
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,15 +53,29 @@ def backends(federation: Mapping[str, Any], cloud: str) -> dict[str, str]:
     return out
 
 
+_PROJECT_TEMPLATE = re.compile(r"%\((project_id|tenant_id)\)s")
+
+
+def with_project(url: str, project_id: str | None) -> str | None:
+    """`url` with keystone's ``%(project_id)s`` / ``%(tenant_id)s`` filled in; None when it has
+    one and there is no project (a system-scoped entry)."""
+    if not _PROJECT_TEMPLATE.search(url):
+        return url
+    return _PROJECT_TEMPLATE.sub(project_id, url) if project_id else None
+
+
 def suite_clouds(
     lab_clouds: Mapping[str, Any],
     federation: Mapping[str, Any],
     cloud: str,
     mode: str,
     scope: Mapping[str, str],
+    project_ids: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The ``clouds:`` mapping for one mode. `lab_clouds` is the lab's clouds.yaml ``clouds``
-    mapping, `cloud` the federation name of the cloud under test (``CloudOne``)."""
+    mapping, `cloud` the federation name of the cloud under test (``CloudOne``); `project_ids`:
+    the id of each lab entry's project (``cloudone-alt`` -> id), for the direct mode's
+    templated backend URLs (a templated service without it keeps the catalog's endpoint)."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; modes: {', '.join(MODES)}")
     slug = cloud.lower()
@@ -80,8 +98,11 @@ def suite_clouds(
             auth["system_scope"] = "all"
         if mode == "direct":
             auth["auth_url"] = direct["identity"]
+            project = (project_ids or {}).get(slug + suffix) if "project_name" in auth else None
             for stype, url in sorted(direct.items()):
-                entry[f"{stype.replace('-', '_')}_endpoint_override"] = url
+                override = with_project(url, project)
+                if override is not None:
+                    entry[f"{stype.replace('-', '_')}_endpoint_override"] = override
         if mode == "scoped":
             entry["scope"] = dict(scope)
             entry["vendor_hook"] = SDK_VENDOR_HOOK

@@ -1,9 +1,10 @@
-"""Outcomes of one run (pytest-reportlog's JSON lines) and the comparison of the three modes.
-Pure: no OpenStack, no network."""
+"""Outcomes of one run (pytest-reportlog's JSON lines, or Tempest's subunit stream) and the
+comparison of the three modes. Pure: no OpenStack, no network."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -63,6 +64,70 @@ def parse_report_log(path: Path) -> Results:
             seconds = float(report.get("duration") or 0.0)
             phases.setdefault(test_id(report["nodeid"]), {})[when] = (status, message, seconds)
     return {tid: _outcome(p) for tid, p in phases.items()}
+
+
+# subunit's final statuses (a test still "inprogress" at the end of the stream did not finish)
+_SUBUNIT = {
+    "success": Status.PASSED,
+    "fail": Status.FAILED,
+    "uxsuccess": Status.FAILED,  # an expected failure that passed
+    "skip": Status.SKIPPED,
+    "xfail": Status.SKIPPED,
+}
+_FIXTURE = re.compile(r"(setUpClass|tearDownClass|setUpModule|tearDownModule) \((.+)\)")
+
+
+def tempest_test_id(raw: str) -> str:
+    """A tempest test id as the comparison keys it: without its attributes
+    (``...test_x[id-...,smoke]`` -> ``...test_x``); a class fixture's failure
+    (``setUpClass (pkg.mod.Class)``) -> ``pkg.mod.Class.setUpClass``."""
+    m = _FIXTURE.fullmatch(raw.strip())
+    if m:
+        return f"{m.group(2)}.{m.group(1)}"
+    return raw.split("[", 1)[0]
+
+
+def parse_subunit(path: Path) -> Results:
+    """A subunit v2 stream (stestr's ``--subunit``) -> outcome per test id.
+
+    A stream cut short (a stopped run) still tells what finished; a test that started and never
+    finished counts as failed. A class whose setUpClass failed reports that one failure (its
+    tests are then missing, which the comparison sees)."""
+    import subunit
+    import testtools
+
+    out: Results = {}
+
+    def on_test(test: Mapping[str, Any]) -> None:
+        status = str(test.get("status"))
+        if status == "exists":  # listed, not run
+            return
+        details = test.get("details") or {}
+        message = ""
+        if status == "inprogress":
+            outcome = Status.FAILED
+            message = "did not finish (the run was stopped)"
+        elif status in _SUBUNIT:
+            outcome = _SUBUNIT[status]
+        else:
+            return
+        if outcome is not Status.PASSED and not message:
+            for key in ("traceback", "reason"):
+                if key in details:
+                    message = _first_line(details[key].as_text())
+                    break
+        stamps = [t for t in test.get("timestamps") or () if t is not None]
+        seconds = (stamps[-1] - stamps[0]).total_seconds() if len(stamps) == 2 else 0.0
+        out[tempest_test_id(str(test["id"]))] = Outcome(outcome, message, seconds)
+
+    result = testtools.StreamToDict(on_test)
+    result.startTestRun()
+    with open(path, "rb") as stream:
+        try:
+            subunit.ByteStreamToStreamResult(stream, non_subunit_name="stdout").run(result)
+        finally:
+            result.stopTestRun()
+    return out
 
 
 _OUTCOMES = {"passed": Status.PASSED, "failed": Status.FAILED, "skipped": Status.SKIPPED}

@@ -1,9 +1,12 @@
-"""Which upstream functional tests the runner runs.
+"""Which upstream tests the runner runs.
 
 ``full``: the identity, image, compute and placement suites of openstacksdk (its proxy-layer
 packages and the cloud-layer modules for the same services) and of python-openstackclient
-(identity v3, image, compute, and the common commands: versions, quotas, configuration ...).
-Identity v2 is not selected: keystone has had no v2 API since Queens.
+(identity v3, image, compute, and the common commands: versions, quotas, configuration ...);
+their object store, orchestration and block storage suites when the lab runs swift, heat and
+cinder; and Tempest's API tests of the refstack interop guideline (``tempest-interop.txt``:
+compute, identity, image, object storage, block storage). Identity v2 is not selected:
+keystone has had no v2 API since Queens. Volume API v2 neither: cinder has had none since Xena.
 
 ``ci``: a subset that keeps `.ci/run` within its time budget while touching every path the
 router has. openstacksdk (one process, cheap): identity, image and placement whole, compute
@@ -12,26 +15,55 @@ surrounds servers. python-openstackclient (a CLI process per command costs ~1.5 
 its first request, so this suite is the expensive part): each kind of request once: token and
 catalog, the service life cycle (a service type the federation does not know appears in the
 catalog while scoped CLIs keep working), endpoints, projects, application credentials and access
-rules, images, flavors, keypairs, a server, versions, availability zones, quotas.
-``full`` is the reference run by hand. README.md ("The lab" -> "OpenStack's own test suites")
-lists the choice and the cost.
+rules, images, flavors, keypairs, a server, versions, availability zones, quotas. With swift,
+heat and cinder: openstacksdk's object store suite, one stack (it boots a server), volumes,
+snapshots, zones, types and limits; python-openstackclient's containers, objects, volume list.
+Tempest (one worker process per CPU, a test class per worker at a time, as OpenStack's gate
+runs it): the interop list's identity and image tests whole and its object storage tests but
+the object expiry's wait (cheap API calls); its compute tests of flavors, keypairs, zones,
+server creation, instance actions, server tags, the negative server tests and versions; its
+block storage tests of volumes (no snapshots, volume actions or attachments: openstacksdk's
+tests and the lab's e2e tests make those).
+
+A group that names a ``service`` (a service type) runs only when the lab runs that service
+(``Lab.service_types``): swift, cinder and heat are not in every lab.
+``full`` is the reference run by hand. docs/lab/openstack-suites.md lists the choice and the
+cost.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 SDK = "openstacksdk"
 OSC = "python-openstackclient"
+TEMPEST = "tempest"
+SUITES = (SDK, OSC, TEMPEST)
+# The refstack interop guideline's required tests, as tempest ids (its header says which).
+INTEROP_LIST = Path(__file__).with_name("tempest-interop.txt")
 
 
 @dataclass(frozen=True)
 class Group:
-    """Tests of one module or package: all of them, or the named classes / Class::test."""
+    """Tests of one module or package: all of them, or the named classes / Class::test.
+
+    For Tempest, `module` is a test id prefix (``tempest.api.compute``), `only` names prefixes
+    under it (a package, a module, a Class or Class.test: ``servers.test_servers``), and
+    `listed` keeps only the tests of the interop list. `service`: a service type the lab must
+    run, else the group is left out."""
 
     suite: str
     module: str
     only: tuple[str, ...] = ()
+    service: str | None = None
+    listed: bool = False
+
+
+def runnable(groups: Sequence[Group], services: Collection[str] | None) -> list[Group]:
+    """The groups whose service the lab runs (`services`: service types; None: every group)."""
+    return [g for g in groups if g.service is None or services is None or g.service in services]
 
 
 _SDK_FULL = (
@@ -49,6 +81,23 @@ _OSC_FULL = (
     Group(OSC, "openstackclient.tests.functional.image"),
     Group(OSC, "openstackclient.tests.functional.compute"),
     Group(OSC, "openstackclient.tests.functional.common"),
+)
+
+# Object store, orchestration and block storage: only when the lab runs swift, heat, cinder.
+# Volume API v2 (openstacksdk's block_storage.v2, python-openstackclient's volume.v2) is not
+# selected: cinder has served no v2 since Xena.
+_SDK_MORE_FULL = (
+    Group(SDK, "openstack.tests.functional.object_store", service="object-store"),
+    Group(SDK, "openstack.tests.functional.cloud.test_object_store", service="object-store"),
+    Group(SDK, "openstack.tests.functional.orchestration", service="orchestration"),
+    Group(SDK, "openstack.tests.functional.cloud.test_orchestration", service="orchestration"),
+    Group(SDK, "openstack.tests.functional.block_storage.v3", service="block-storage"),
+    Group(SDK, "openstack.tests.functional.cloud.test_block_storage", service="block-storage"),
+)
+
+_OSC_MORE_FULL = (
+    Group(OSC, "openstackclient.tests.functional.object.v1", service="object-store"),
+    Group(OSC, "openstackclient.tests.functional.volume.v3", service="block-storage"),
 )
 
 _SDK_CI = (
@@ -78,6 +127,28 @@ _SDK_CI = (
             "TestComputeQuotas",
             "TestRangeSearch",
         ),
+    ),
+)
+
+# (a stack with a server is made for each of the stack tests: one of them; attachments are the
+# lab's e2e tests' and openstacksdk's compute suite's)
+_SDK_MORE_CI = (
+    Group(SDK, "openstack.tests.functional.object_store", service="object-store"),
+    Group(
+        SDK,
+        "openstack.tests.functional.orchestration.v1.test_stack",
+        ("TestStack::test_list",),
+        service="orchestration",
+    ),
+    *(
+        Group(SDK, f"openstack.tests.functional.block_storage.v3.{module}", service="block-storage")
+        for module in (
+            "test_volume",
+            "test_snapshot",
+            "test_availability_zone",
+            "test_type",
+            "test_limits",
+        )
     ),
 )
 
@@ -136,8 +207,83 @@ _OSC_CI = (
     ),
 )
 
+_OSC_MORE_CI = (
+    Group(OSC, "openstackclient.tests.functional.object.v1.test_container", service="object-store"),
+    Group(OSC, "openstackclient.tests.functional.object.v1.test_object", service="object-store"),
+    Group(
+        OSC,
+        "openstackclient.tests.functional.volume.v3.test_volume",
+        ("VolumeTests::test_volume_list",),
+        service="block-storage",
+    ),
+)
+
+# Tempest: the interop guideline's required tests (tempest-interop.txt), by service.
+_TEMPEST_FULL = (
+    Group(TEMPEST, "tempest.api.identity", listed=True, service="identity"),
+    Group(TEMPEST, "tempest.api.image", listed=True, service="image"),
+    Group(TEMPEST, "tempest.api.compute", listed=True, service="compute"),
+    Group(TEMPEST, "tempest.api.object_storage", listed=True, service="object-store"),
+    Group(TEMPEST, "tempest.api.volume", listed=True, service="block-storage"),
+)
+
+_TEMPEST_CI = (
+    Group(TEMPEST, "tempest.api.identity", listed=True, service="identity"),
+    Group(TEMPEST, "tempest.api.image", listed=True, service="image"),
+    Group(
+        TEMPEST,
+        "tempest.api.compute",
+        (
+            "flavors",
+            "keypairs",
+            "servers.test_availability_zone",
+            "servers.test_create_server",
+            "servers.test_instance_actions",
+            "servers.test_servers_negative",
+            "servers.test_server_tags",
+            "test_versions",
+        ),
+        listed=True,
+        service="compute",
+    ),
+    Group(
+        TEMPEST,
+        "tempest.api.object_storage",
+        (
+            "test_account_quotas",
+            "test_account_quotas_negative",
+            "test_account_services",
+            "test_container_acl",
+            "test_container_quotas",
+            "test_container_services",
+            "test_object_services",
+            "test_object_slo",
+            "test_object_temp_url",
+            "test_object_version",
+        ),  # all but the object expiry's wait
+        listed=True,
+        service="object-store",
+    ),
+    Group(
+        TEMPEST,
+        "tempest.api.volume",
+        (
+            "test_availability_zone",
+            "test_extensions",
+            "test_versions",
+            "test_volume_metadata",
+            "test_volumes_get",
+            "test_volumes_list",
+            "test_volumes_negative",
+        ),
+        listed=True,
+        service="block-storage",
+    ),
+)
+
 # Tests never started (pytest --deselect) because they wait for what the lab cannot do, up to a
-# timeout far beyond any budget; each fails in every mode, and README.md lists it.
+# timeout far beyond any budget; each fails in every mode, and docs/lab/openstack-suites.md lists
+# it.
 NOT_RUN: dict[str, str] = {
     "openstack/tests/functional/cloud/test_compute.py::TestCompute::"
     "test_create_image_snapshot_wait_active": "nova's fake virt driver never uploads a "
@@ -145,6 +291,6 @@ NOT_RUN: dict[str, str] = {
 }
 
 SELECTIONS: dict[str, tuple[Group, ...]] = {
-    "ci": _SDK_CI + _OSC_CI,
-    "full": _SDK_FULL + _OSC_FULL,
+    "ci": _SDK_CI + _SDK_MORE_CI + _OSC_CI + _OSC_MORE_CI + _TEMPEST_CI,
+    "full": _SDK_FULL + _SDK_MORE_FULL + _OSC_FULL + _OSC_MORE_FULL + _TEMPEST_FULL,
 }
