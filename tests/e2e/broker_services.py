@@ -104,15 +104,34 @@ DEADLINES = {"provision": 600.0, "deprovision": 600.0, "bind": 120.0, "unbind": 
 LEASE, MAX_RETRY, POLL = 30.0, 10.0, 5.0
 
 
+SERVER_AND_IMAGE: dict[str, Any] = {
+    "openstack-server": {
+        "networks": "none",
+        "deadlines": DEADLINES,
+        "plans": [{"name": "tiny", "flavor": "m1.tiny"}],
+    },
+    "openstack-image": {"deadlines": DEADLINES, "plans": [{"name": "copy"}]},
+}
+
+
 class OSBBroker:
     """`scoperouter broker serve` (a real process, SQLite) with the server and image services
-    on the lab's clouds, and the project's OSB client sending what Cloud Foundry sends, for
-    the space `space` of this run."""
+    on the lab's clouds (or the `services` given), and the project's OSB client sending what
+    Cloud Foundry sends, for the space `space` of this run."""
 
-    def __init__(self, lab: Any, tmp: Path, space: str = "osb", lease: float = LEASE) -> None:
+    def __init__(
+        self,
+        lab: Any,
+        tmp: Path,
+        space: str = "osb",
+        lease: float = LEASE,
+        services: dict[str, Any] | None = None,
+        deadlines: dict[str, float] | None = None,
+    ) -> None:
         self.lab = lab
         self.tmp = tmp
         self.lease = lease
+        self.deadlines = {**DEADLINES, **(deadlines or {})}
         config = {
             "listen": f"127.0.0.1:{free_port()}",
             "database": {"url": f"sqlite:///{tmp / 'broker.db'}"},
@@ -125,14 +144,7 @@ class OSBBroker:
                 "poll_seconds": 0.2,
                 "max_retry_seconds": MAX_RETRY,
             },
-            "services": {
-                "openstack-server": {
-                    "networks": "none",
-                    "deadlines": DEADLINES,
-                    "plans": [{"name": "tiny", "flavor": "m1.tiny"}],
-                },
-                "openstack-image": {"deadlines": DEADLINES, "plans": [{"name": "copy"}]},
-            },
+            "services": services or SERVER_AND_IMAGE,
         }
         self.config = tmp / "broker.yaml"
         self.config.write_text(yaml.safe_dump(config))
@@ -147,6 +159,7 @@ class OSBBroker:
         except BaseException:  # no fixture teardown for a constructor that raised
             self.process.kill()
             raise
+        self.catalog = catalog.body
         self.ids = {s["name"]: (s["id"], s["plans"][0]["id"]) for s in catalog.body["services"]}
 
     @property
@@ -158,7 +171,7 @@ class OSBBroker:
         self, iid: str, operation: str | None, kind: str, binding_id: str | None = None
     ) -> Any:
         """The operation's final answer, which the broker owes by its deadline."""
-        timeout = DEADLINES[kind] + self.lease + MAX_RETRY + POLL
+        timeout = self.deadlines[kind] + self.lease + MAX_RETRY + POLL
         return self.osb.wait(iid, operation, binding_id=binding_id, timeout=timeout)
 
     def restart(self) -> None:
@@ -166,18 +179,35 @@ class OSBBroker:
         self.process.kill()
         self.process = BrokerProcess(self.config, self.log, listen=self.process.listen).start()
 
-    def provision(self, service: str, label: str, parameters: dict[str, Any]) -> tuple[str, Any]:
+    def plan(self, service: str, plan: str | None = None) -> tuple[str, str]:
+        """(service id, plan id) of `service`'s plan named `plan` (default its first)."""
+        if plan is None:
+            return self.ids[service]
+        [entry] = [s for s in self.catalog["services"] if s["name"] == service]
+        [found] = [p["id"] for p in entry["plans"] if p["name"] == plan]
+        return entry["id"], found
+
+    def provision(
+        self, service: str, label: str, parameters: dict[str, Any], plan: str | None = None
+    ) -> tuple[str, Any]:
         """Provision and wait: (instance id, the final last_operation answer)."""
-        service_id, plan_id = self.ids[service]
+        service_id, plan_id = self.plan(service, plan)
         iid = instance_id(label)
         answer = self.osb.provision(iid, service_id, plan_id, parameters)
         assert answer.status == 202, answer.body
         return iid, self.wait(iid, answer.operation, "provision")
 
-    def bind(self, service: str, iid: str, suffix: str = "b") -> tuple[str, dict[str, Any]]:
-        service_id, plan_id = self.ids[service]
+    def bind(
+        self,
+        service: str,
+        iid: str,
+        suffix: str = "b",
+        parameters: dict[str, Any] | None = None,
+        plan: str | None = None,
+    ) -> tuple[str, dict[str, Any]]:
+        service_id, plan_id = self.plan(service, plan)
         binding = f"{iid}-{suffix}"
-        answer = self.osb.bind(iid, binding, service_id, plan_id)
+        answer = self.osb.bind(iid, binding, service_id, plan_id, parameters)
         assert answer.status == 202, answer.body
         last = self.wait(iid, answer.operation, "bind", binding)
         assert last.body["state"] == "succeeded", last.body
@@ -185,14 +215,14 @@ class OSBBroker:
         assert got.status == 200, got.body
         return binding, got.body["credentials"]
 
-    def unbind(self, service: str, iid: str, binding: str) -> None:
-        service_id, plan_id = self.ids[service]
+    def unbind(self, service: str, iid: str, binding: str, plan: str | None = None) -> None:
+        service_id, plan_id = self.plan(service, plan)
         answer = self.osb.unbind(iid, binding, service_id, plan_id)
         assert answer.status == 202, answer.body
         assert self.wait(iid, answer.operation, "unbind", binding).status == 410
 
-    def deprovision(self, service: str, iid: str) -> None:
-        service_id, plan_id = self.ids[service]
+    def deprovision(self, service: str, iid: str, plan: str | None = None) -> None:
+        service_id, plan_id = self.plan(service, plan)
         answer = self.osb.deprovision(iid, service_id, plan_id)
         assert answer.status == 202, answer.body
         assert self.wait(iid, answer.operation, "deprovision").status == 410
@@ -211,3 +241,56 @@ class OSBBroker:
     def stop(self) -> None:
         self.process.stop()
         self.osb.close()
+
+
+def run_projects(clouds: FederationClouds, cloud: str) -> list[str]:
+    """The ids of this run's keystone projects in `cloud` (the spaces' projects)."""
+    admin = clouds.connect(cloud)
+    return [p.id for p in admin.identity.projects() if f"osb-{RUN}" in p.name]
+
+
+def sweep_all(clouds: FederationClouds, timeout: float = 180.0) -> list[str]:
+    """`sweep`, and first this run's stacks, containers (with their objects) and volumes,
+    last its key pairs and security groups, in every cloud; what was deleted."""
+    gone: list[str] = []
+    mine = f"osb-{RUN}"
+    for cloud in clouds.names():
+        admin = clouds.connect(cloud)
+        for project_id in run_projects(clouds, cloud):
+            conn = clouds.connect(cloud, project_id=project_id)
+            stacks = [s for s in conn.orchestration.stacks() if mine in (s.name or "")]
+            for stack in stacks:
+                conn.orchestration.delete_stack(stack, ignore_missing=True)
+                gone.append(f"{cloud} stack {stack.name}")
+            for stack in stacks:
+                conn.orchestration.wait_for_delete(stack, wait=timeout)
+            for container in conn.object_store.containers():
+                if mine not in container.name:
+                    continue
+                for obj in conn.object_store.objects(container.name):
+                    conn.object_store.delete_object(obj, container=container.name)
+                conn.object_store.delete_container(container.name, ignore_missing=True)
+                gone.append(f"{cloud} container {container.name}")
+            for volume in conn.block_storage.volumes():
+                if mine in (volume.name or ""):
+                    for attachment in volume.attachments or []:
+                        admin.compute.delete_volume_attachment(
+                            attachment["server_id"], volume.id, ignore_missing=True
+                        )
+                    conn.block_storage.wait_for_status(
+                        volume, "available", failures=["error"], wait=timeout
+                    )
+                    conn.block_storage.delete_volume(volume, ignore_missing=True)
+                    gone.append(f"{cloud} volume {volume.id}")
+    gone += sweep(clouds, timeout)
+    for cloud in clouds.names():
+        admin = clouds.connect(cloud)
+        for keypair in admin.compute.keypairs():
+            if mine in keypair.name:
+                admin.compute.delete_keypair(keypair, ignore_missing=True)
+                gone.append(f"{cloud} key pair {keypair.name}")
+        for group in admin.network.security_groups():
+            if mine in (group.name or ""):
+                admin.network.delete_security_group(group, ignore_missing=True)
+                gone.append(f"{cloud} security group {group.name}")
+    return gone

@@ -1,0 +1,198 @@
+"""The built-in storage services against the lab's swift and cinder, through the broker's OSB
+API (a real `broker serve` process, driven by the project's OSB client as Cloud Foundry would):
+
+- ``openstack-object-container``: a container in CloudOne; the binding's application
+  credential (keystone access rules for that container's path) puts and gets an object
+  through CloudOne's router with openstacksdk, and is refused on another container of the
+  same project; after unbind keystone refuses it; deprovision deletes the container and its
+  objects.
+- ``openstack-volume``: a volume in CloudOne bound to an ``openstack-server`` instance of the
+  same broker (attached: ``in-use`` on that server, seen with the `openstack` CLI and the
+  binding's credential); unbind detaches it and revokes the credential; a volume in CloudTwo is
+  refused a binding to CloudOne's server with 400; deprovision deletes it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e.broker_services import (
+    DEADLINES,
+    RUN,
+    OSBBroker,
+    broker_clouds,
+    run_projects,
+    sweep_all,
+)
+from tests.e2e.labservices import require_service
+
+pytestmark = pytest.mark.e2e
+
+CONTAINER = "openstack-object-container"
+VOLUME = "openstack-volume"
+SERVER = "openstack-server"
+
+
+@pytest.fixture(scope="module")
+def clouds(lab, fed) -> Iterator[Any]:
+    require_service(lab, "swift")
+    require_service(lab, "cinder")
+    clouds = broker_clouds(lab, fed)
+    yield clouds
+    sweep_all(clouds)
+
+
+@pytest.fixture(scope="module")
+def env(lab, clouds, tmp_path_factory) -> Iterator[OSBBroker]:
+    services = {
+        CONTAINER: {"default_cloud": lab.clouds[0].name, "deadlines": DEADLINES},
+        VOLUME: {"default_cloud": lab.clouds[0].name, "max_size": 10, "deadlines": DEADLINES},
+        SERVER: {
+            "networks": "none",
+            "deadlines": DEADLINES,
+            "plans": [{"name": "tiny", "flavor": "m1.tiny"}],
+        },
+    }
+    broker = OSBBroker(lab, Path(tmp_path_factory.mktemp("osb-storage")), services=services)
+    yield broker
+    broker.stop()
+
+
+def binding_connection(tmp: Path, creds: dict[str, Any]) -> Any:
+    """An openstacksdk Connection from the binding's clouds.yaml (nothing from the
+    environment)."""
+    from openstack import config as os_config
+    from openstack import connection
+
+    path = tmp / f"binding-{uuid.uuid4().hex[:6]}.yaml"
+    path.write_text(creds["clouds_yaml"])
+    cfg = os_config.OpenStackConfig(config_files=[str(path)], load_envvars=False)
+    return connection.Connection(config=cfg.get_one(cloud=creds["os_cloud"]))
+
+
+def test_object_container_full_lifecycle(env, clouds, fed, record_property):
+    from keystoneauth1.exceptions.http import HttpError
+    from openstack import exceptions
+
+    one, _two, _ = fed
+    started = time.monotonic()
+    service = next(s for s in env.catalog["services"] if s["name"] == CONTAINER)
+    assert service["bindable"] and service["plans"][0]["name"] == "standard"
+
+    iid, last = env.provision(CONTAINER, "ct", {"where": {"cloud": one.name}})
+    assert last.body["state"] == "succeeded", last.body
+    attributes = env.osb.get_instance(iid).body["metadata"]["attributes"]
+    name, project_id = attributes["container"], attributes["project_id"]
+    assert name == f"osb-{iid}" and attributes["cloud"] == one.name
+    # the storage URL is the project's object-store endpoint at CloudOne's router
+    assert attributes["storage_url"] == (
+        f"http://{one.front_ip}:8080/v1/AUTH_{project_id}/{name}"
+    ), attributes
+    assert project_id in run_projects(clouds, one.name)  # the space's project
+    store = clouds.connect(one.name, project_id=project_id).object_store
+    meta = store.get_container_metadata(name)
+    assert meta.metadata.get("osb-instance-id") == iid
+    # another container of the same project: the binding must not reach it
+    other = f"osb-{RUN}-other-{uuid.uuid4().hex[:6]}"
+    store.create_container(name=other)
+    store.upload_object(container=other, name="private.txt", data=b"not the binding's")
+
+    binding, creds = env.bind(CONTAINER, iid)
+    assert creds["container"] == name and creds["storage_url"] == attributes["storage_url"]
+    entry = yaml.safe_load(creds["clouds_yaml"])["clouds"][creds["os_cloud"]]
+    assert entry["auth_type"] == "v3applicationcredential"
+    assert entry["auth"]["auth_url"] == f"http://{one.front_ip}:5000/v3"
+    conn = binding_connection(env.tmp, creds)
+    body = f"written through the broker's binding {iid}".encode()
+    conn.object_store.upload_object(container=name, name="hello.txt", data=body)
+    assert conn.object_store.download_object("hello.txt", container=name) == body
+    assert [o.name for o in conn.object_store.objects(name)] == ["hello.txt"]
+    # keystone's access rules: the other container, the account, are refused
+    with pytest.raises(exceptions.HttpException) as refused:
+        conn.object_store.download_object("private.txt", container=other)
+    assert refused.value.status_code in (401, 403), refused.value
+    with pytest.raises(exceptions.HttpException) as refused:
+        conn.object_store.upload_object(container=other, name="x.txt", data=b"x")
+    assert refused.value.status_code in (401, 403), refused.value
+    with pytest.raises(exceptions.HttpException):
+        list(conn.object_store.containers())
+    # the object is there for the project's admin too: what the binding wrote is real
+    assert store.download_object("hello.txt", container=name) == body
+
+    env.unbind(CONTAINER, iid, binding)
+    with pytest.raises(HttpError) as revoked:  # keystone refuses the deleted credential
+        binding_connection(env.tmp, creds).object_store.download_object("hello.txt", container=name)
+    assert "Could not find Application Credential" in str(revoked.value), revoked.value
+
+    env.deprovision(CONTAINER, iid)
+    with pytest.raises(exceptions.NotFoundException):
+        store.get_container_metadata(name)
+    store.delete_object("private.txt", container=other)
+    store.delete_container(other)
+    record_property("wall_seconds", round(time.monotonic() - started, 1))
+
+
+def test_volume_attached_to_a_server_instance_full_lifecycle(env, clouds, fed, record_property):
+    one, two, tiny = fed
+    started = time.monotonic()
+    server_iid, last = env.provision(
+        SERVER, "vsrv", {"image": tiny[one.name], "where": {"cloud": one.name}}
+    )
+    assert last.body["state"] == "succeeded", last.body
+    server_id = env.osb.get_instance(server_iid).body["metadata"]["attributes"]["server_id"]
+    server_ready = time.monotonic()
+
+    iid, last = env.provision(VOLUME, "vol", {"size": 2, "where": {"cloud": one.name}})
+    assert last.body["state"] == "succeeded", last.body
+    attributes = env.osb.get_instance(iid).body["metadata"]["attributes"]
+    volume_id, project_id = attributes["volume_id"], attributes["project_id"]
+    assert attributes["cloud"] == one.name and attributes["size"] == 2
+    block = clouds.connect(one.name, project_id=project_id).block_storage
+    volume = block.get_volume(volume_id)
+    assert volume.name == f"osb-{iid}" and volume.status == "available"
+    assert volume.metadata["osb_instance_id"] == iid
+
+    # a volume in CloudTwo cannot be bound to CloudOne's server: 400, nothing written
+    far, last = env.provision(VOLUME, "volfar", {"where": {"cloud": two.name}})
+    assert last.body["state"] == "succeeded", last.body
+    service_id, plan_id = env.plan(VOLUME)
+    refused = env.osb.bind(far, f"{far}-b", service_id, plan_id, {"server_instance_id": server_iid})
+    assert refused.status == 400, refused.body
+    assert refused.body["description"] == (
+        f"parameters.server_instance_id: server instance {server_iid} is in {one.name}, "
+        f"this volume in {two.name}: nova attaches volumes of its own cloud only"
+    ), refused.body
+    assert env.osb.get_binding(far, f"{far}-b").status == 404
+    env.deprovision(VOLUME, far)
+
+    binding, creds = env.bind(VOLUME, iid, parameters={"server_instance_id": server_iid})
+    assert creds["volume_id"] == volume_id and creds["server_id"] == server_id
+    assert creds["device"], creds
+    # the binding's credential with the openstack CLI: the volume, attached to the server
+    shown = env.openstack(creds["clouds_yaml"], "volume", "show", volume_id)
+    assert shown.returncode == 0, shown.stderr
+    volume_json = json.loads(shown.stdout)
+    assert volume_json["status"] == "in-use"
+    assert [a["server_id"] for a in volume_json["attachments"]] == [server_id]
+    attached = env.openstack(creds["clouds_yaml"], "server", "volume", "list", server_id)
+    assert attached.returncode == 0, attached.stderr
+    assert [a["Volume ID"] for a in json.loads(attached.stdout)] == [volume_id]
+
+    env.unbind(VOLUME, iid, binding)
+    assert block.get_volume(volume_id).status == "available"
+    refused_cli = env.openstack(creds["clouds_yaml"], "volume", "show", volume_id)
+    assert refused_cli.returncode != 0  # the credential was revoked
+
+    env.deprovision(VOLUME, iid)
+    assert [v.id for v in block.volumes() if v.id == volume_id] == []
+    env.deprovision(SERVER, server_iid)
+    record_property("wall_seconds", round(time.monotonic() - started, 1))
+    record_property("volume_seconds", round(time.monotonic() - server_ready, 1))
