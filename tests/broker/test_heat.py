@@ -6,6 +6,7 @@ database. The lab's heat comes with another branch: the end-to-end tests wait fo
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import requests
 import yaml
 from openstack import exceptions
 
@@ -193,6 +195,15 @@ class FakeStack:
     polls: int = 0
 
 
+def _response(status: int, body: dict[str, Any]) -> requests.Response:
+    response = requests.Response()
+    response.status_code = status
+    response.reason = {201: "Created", 400: "Bad Request", 409: "Conflict"}[status]
+    response.headers["Content-Type"] = "application/json"
+    response._content = json.dumps(body).encode()
+    return response
+
+
 @dataclass
 class FakeHeat:
     """heat's orchestration API as the service uses it: a create or update completes (or
@@ -218,22 +229,39 @@ class FakeHeat:
                 ]
         return stack
 
-    def create_stack(self, **attrs: Any) -> FakeStack:
+    def post(self, path: str, json: dict[str, Any]) -> requests.Response:
+        """heat's ``POST /stacks`` as heat answers it: `tags` is one comma-separated string
+        (a list is heat's 400 without a message, its API calling ``split`` on it)."""
+        assert path == "/stacks", path
+        attrs = json
         self.calls.append(("create", attrs))
+        if not isinstance(attrs.get("tags", ""), str):
+            error = {"type": "AttributeError", "traceback": None}
+            return _response(400, {"code": 400, "title": "Bad Request", "error": error})
         if any(
-            s.name == attrs["name"] and s.status != "DELETE_COMPLETE" for s in self.stacks.values()
+            s.name == attrs["stack_name"] and s.status != "DELETE_COMPLETE"
+            for s in self.stacks.values()
         ):
-            raise exceptions.ConflictException(message="409: the stack exists")
+            error = {"message": "The Stack already exists.", "type": "StackExists"}
+            return _response(409, {"code": 409, "title": "Conflict", "error": error})
         stack = FakeStack(
             id=f"stack-{next(_ids)}",
-            name=attrs["name"],
+            name=attrs["stack_name"],
             status="CREATE_IN_PROGRESS",
             template=attrs["template"],
             parameters=attrs["parameters"],
-            tags=attrs["tags"],
+            tags=attrs["tags"].split(",") if attrs.get("tags") else [],
         )
         self.stacks[stack.id] = stack
-        return stack
+        return _response(201, {"stack": {"id": stack.id, "links": []}})
+
+    def create_stack(self, **attrs: Any) -> FakeStack:
+        """openstacksdk's ``create_stack``: its Stack resource sends ``tags`` as a JSON list
+        (``type=list``), which heat refuses."""
+        body = {"stack_name": attrs.pop("name"), **attrs, "tags": list(attrs.get("tags") or [])}
+        response = self.post("/stacks", json=body)
+        exceptions.raise_from_response(response)
+        return self.stacks[response.json()["stack"]["id"]]
 
     def get_stack(self, stack_id: str) -> FakeStack:
         if stack_id not in self.stacks:
@@ -317,7 +345,8 @@ def test_provision_creates_one_stack_where_placement_says_and_a_rerun_finds_it()
     assert isinstance(first, Pending) and "CREATE_IN_PROGRESS" in first.description
     heat = clouds.heat["CloudTwo"]  # the freer cloud
     [(_, create)] = heat.calls
-    assert create["name"] == "osb-i-1" and create["tags"] == ["osb", "osb-instance-i-1"]
+    assert create["stack_name"] == "osb-i-1" and create["tags"] == "osb,osb-instance-i-1"
+    assert heat.stacks[saved.progress["stack_id"]].tags == ["osb", "osb-instance-i-1"]
     assert create["parameters"] == {"image": "cirros", "name_suffix": "web"}
     assert create["template"]["heat_template_version"] == "2018-08-31"
     assert create["disable_rollback"] is True and create["timeout_mins"] >= 1

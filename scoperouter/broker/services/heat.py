@@ -433,7 +433,8 @@ class HeatService(placed.PlacedService):
         template = self.templates[op.plan.id]
         name = stack_name(op.instance.id)
         try:
-            stack = orchestration.create_stack(
+            stack_id = create_stack(
+                orchestration,
                 name=name,
                 template=template,
                 parameters=stack_parameters(template, self._values(op)),
@@ -450,9 +451,9 @@ class HeatService(placed.PlacedService):
         except exceptions.BadRequestException as exc:  # heat refused the template/parameters
             where = placed.describe(target)
             return Failed(f"heat refused stack {name} in {where}: {error_text(exc)}")
-        op.log.info("created stack %s (%s) in %s", name, stack.id, target["cloud"])
-        op.save(stack_id=stack.id)
-        return orchestration.get_stack(stack.id)
+        op.log.info("created stack %s (%s) in %s", name, stack_id, target["cloud"])
+        op.save(stack_id=stack_id)
+        return orchestration.get_stack(stack_id)
 
     def _record(self, op: OperationContext, stack: Any) -> None:
         if op.progress.get("stack_id") != stack.id:
@@ -582,6 +583,36 @@ class HeatService(placed.PlacedService):
                 instance_id=owner_of(stack.get("stack_name"), stack.get("tags") or []),
                 name=stack.get("stack_name"),
             )
+
+
+def create_stack(
+    orchestration: Any,
+    *,
+    name: str,
+    template: Mapping[str, Any],
+    parameters: Mapping[str, Any],
+    tags: Iterable[str],
+    timeout_mins: int,
+    disable_rollback: bool,
+) -> str:
+    """Create a stack (``POST /stacks``); its id. Raises openstacksdk's HTTP exceptions.
+
+    Not openstacksdk's ``create_stack``: its Stack resource sends ``tags`` as a JSON list,
+    and heat's API takes them as one comma-separated string (a list is a 400 without a
+    message: heat's ``'list' object has no attribute 'split'``)."""
+    from openstack import exceptions
+
+    body = {
+        "stack_name": name,
+        "template": dict(template),
+        "parameters": dict(parameters),
+        "tags": ",".join(tags),
+        "timeout_mins": timeout_mins,
+        "disable_rollback": disable_rollback,
+    }
+    response = orchestration.post("/stacks", json=body)
+    exceptions.raise_from_response(response)
+    return str(response.json()["stack"]["id"])
 
 
 _EMPTY: dict[str, Any] = {
