@@ -1,0 +1,243 @@
+"""The example ansible packs (``broker-packs/``) against the lab, through the broker's OSB API
+(a real `broker serve` process running the packs' playbooks with ansible-runner and the
+``openstack.cloud`` collection, driven by the project's OSB client as Cloud Foundry would):
+
+- ``openstack-object-storage``: a swift container in CloudOne; the binding's application
+  credential, limited by the pack's access rules, puts and gets an object through CloudOne's
+  router with openstacksdk and is refused on another container; after unbind keystone refuses
+  it; deprovision deletes the container with its objects.
+- ``openstack-server-keypair``: a server in CloudOne booted from **CloudTwo's** image (a
+  scope), with its own key pair and security group (the lab's network stand-in); the binding
+  holds the private key of the key pair nova has, and an application credential used with the
+  `openstack` CLI; unbind revokes it; deprovision removes the server, key pair and group.
+- A broker SIGKILLed while its provision playbook boots the server: the restarted broker runs
+  the playbook again, which replaces what the dead run built with a key it lost; one server,
+  one key pair, one group, and the operation finishes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scoperouter.broker.services.server import instance_tag
+from tests.e2e.broker_services import (
+    RUN,
+    OSBBroker,
+    broker_clouds,
+    instance_id,
+    run_projects,
+    sweep_all,
+)
+from tests.e2e.labservices import require_service, wait_until
+from tests.e2e.test_broker_storage import binding_connection
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+STORAGE = "openstack-object-storage"
+SERVER = "openstack-server-keypair"
+# a pack's operations run whole playbooks (ansible's start alone takes seconds here)
+DEADLINES = {"provision": 900.0, "deprovision": 900.0, "bind": 300.0, "unbind": 300.0}
+
+
+def pack_services(tmp: Path, *names: str) -> dict[str, Any]:
+    return {
+        name: {
+            "type": "ansible",
+            "pack": str(ROOT / "broker-packs" / name),
+            "work_dir": str(tmp / "ansible" / name),
+            "deadlines": DEADLINES,
+            "synchronous_seconds": 0,
+        }
+        for name in names
+    }
+
+
+@pytest.fixture(scope="module")
+def clouds(lab, fed) -> Iterator[Any]:
+    require_service(lab, "swift")
+    clouds = broker_clouds(lab, fed)
+    yield clouds
+    sweep_all(clouds)
+
+
+@pytest.fixture(scope="module")
+def env(lab, clouds, tmp_path_factory) -> Iterator[OSBBroker]:
+    tmp = Path(tmp_path_factory.mktemp("osb-packs"))
+    broker = OSBBroker(
+        lab, tmp, space="osb-packs", services=pack_services(tmp, STORAGE, SERVER),
+        deadlines=DEADLINES,
+    )  # fmt: skip
+    yield broker
+    broker.stop()
+
+
+def test_object_storage_pack_full_lifecycle(env, clouds, fed, record_property):
+    from keystoneauth1.exceptions.http import HttpError
+    from openstack import exceptions
+
+    one, _two, _ = fed
+    started = time.monotonic()
+    [service] = [s for s in env.catalog["services"] if s["name"] == STORAGE]
+    assert service["bindable"] and [p["name"] for p in service["plans"]] == ["standard"]
+
+    iid, last = env.provision(STORAGE, "pst", {})  # the pack's default: CloudOne
+    assert last.body["state"] == "succeeded", last.body
+    attributes = env.osb.get_instance(iid).body["metadata"]["attributes"]
+    name, project_id = attributes["container"], attributes["project_id"]
+    assert name == f"osb-{iid}" and attributes["cloud"] == one.name
+    assert attributes["storage_url"] == f"http://{one.front_ip}:8080/v1/AUTH_{project_id}/{name}"
+    assert project_id in run_projects(clouds, one.name)
+    store = clouds.connect(one.name, project_id=project_id).object_store
+    assert store.get_container_metadata(name).metadata.get("osb-instance-id") == iid
+    other = f"osb-{RUN}-pother-{uuid.uuid4().hex[:6]}"
+    store.create_container(name=other)
+    store.upload_object(container=other, name="private.txt", data=b"not the binding's")
+
+    binding, creds = env.bind(STORAGE, iid)
+    assert creds["container"] == name and creds["storage_url"] == attributes["storage_url"]
+    conn = binding_connection(env.tmp, creds)
+    body = f"written through the pack's binding {iid}".encode()
+    conn.object_store.upload_object(container=name, name="hello.txt", data=body)
+    assert conn.object_store.download_object("hello.txt", container=name) == body
+    assert store.download_object("hello.txt", container=name) == body
+    with pytest.raises(exceptions.HttpException) as refused:
+        conn.object_store.download_object("private.txt", container=other)
+    assert refused.value.status_code in (401, 403), refused.value
+    with pytest.raises(exceptions.HttpException) as refused:
+        conn.object_store.upload_object(container=other, name="x.txt", data=b"x")
+    assert refused.value.status_code in (401, 403), refused.value
+
+    env.unbind(STORAGE, iid, binding)
+    with pytest.raises(HttpError) as revoked:
+        binding_connection(env.tmp, creds).object_store.download_object("hello.txt", container=name)
+    assert "Could not find Application Credential" in str(revoked.value), revoked.value
+
+    env.deprovision(STORAGE, iid)  # the container goes with its object
+    with pytest.raises(exceptions.NotFoundException):
+        store.get_container_metadata(name)
+    store.delete_object("private.txt", container=other)
+    store.delete_container(other)
+    record_property("wall_seconds", round(time.monotonic() - started, 1))
+
+
+def _built(clouds: Any, cloud: str, iid: str) -> dict[str, list[str]]:
+    """What the server pack built for `iid` in `cloud`: servers (by tag), key pairs and
+    security groups (by name)."""
+    admin = clouds.connect(cloud)
+    name = f"osb-{iid}"
+    return {
+        "servers": [s.id for s in admin.compute.servers(all_projects=True, tags=instance_tag(iid))],
+        "keypairs": [k.name for k in admin.compute.keypairs() if k.name == name],
+        "groups": [g.id for g in admin.network.security_groups() if g.name == name],
+    }
+
+
+NOTHING = {"servers": [], "keypairs": [], "groups": []}
+
+
+def _public_key(private_pem: str) -> str:
+    """The OpenSSH public key of a PEM private key (what nova keeps of the key pair)."""
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key(private_pem.encode(), password=None)
+    return (
+        key.public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+    )
+
+
+def test_server_keypair_pack_in_cloudone_from_cloudtwos_image_full_lifecycle(
+    env, clouds, fed, record_property
+):
+    one, two, tiny = fed
+    started = time.monotonic()
+    scope = {"compute": one.name, "image": two.name}
+    params = {"image": tiny[two.name], "ports": [22, 8080], "where": {"scope": scope}}
+    iid, last = env.provision(SERVER, "pks", params)
+    assert last.body["state"] == "succeeded", last.body
+    attributes = env.osb.get_instance(iid).body["metadata"]["attributes"]
+    assert attributes["cloud"] == one.name and json.loads(attributes["scope"]) == scope
+    assert "private_key" not in json.dumps(attributes)  # kept encrypted, never metadata
+    built = _built(clouds, one.name, iid)
+    assert built["servers"] == [attributes["server_id"]], built
+    assert built["keypairs"] == [f"osb-{iid}"] and len(built["groups"]) == 1, built
+    assert _built(clouds, two.name, iid) == NOTHING
+    admin = clouds.connect(one.name)
+    server = admin.compute.get_server(attributes["server_id"])
+    assert server.status == "ACTIVE" and server.image.id == tiny[two.name]
+    assert server.key_name == f"osb-{iid}" and server.project_id == attributes["project_id"]
+    group = admin.network.get_security_group(built["groups"][0])
+    assert group.project_id == attributes["project_id"]
+    ports = sorted(r["port_range_min"] for r in group.security_group_rules)
+    assert ports == [22, 8080], group.security_group_rules
+
+    binding, creds = env.bind(SERVER, iid)
+    assert creds["server_id"] == server.id and creds["key_name"] == f"osb-{iid}"
+    keypair = admin.compute.get_keypair(f"osb-{iid}")
+    assert _public_key(creds["private_key"]) == keypair.public_key.strip()
+    # the binding's credential with the openstack CLI: the server (in CloudOne), its
+    # security group (the network stand-in), and through the scope CloudTwo's image
+    shown = env.openstack(creds["clouds_yaml"], "server", "show", server.id)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["key_name"] == f"osb-{iid}"
+    group_cli = env.openstack(creds["clouds_yaml"], "security", "group", "show", group.id)
+    assert group_cli.returncode == 0, group_cli.stderr
+    image = env.openstack(creds["clouds_yaml"], "image", "show", tiny[two.name])
+    assert image.returncode == 0, image.stderr
+
+    env.unbind(SERVER, iid, binding)
+    refused = env.openstack(creds["clouds_yaml"], "server", "show", server.id)
+    assert refused.returncode != 0  # the credential was revoked
+
+    env.deprovision(SERVER, iid)
+    assert _built(clouds, one.name, iid) == NOTHING
+    record_property("wall_seconds", round(time.monotonic() - started, 1))
+
+
+def test_sigkill_during_an_ansible_provision(lab, clouds, fed, tmp_path, record_property):
+    """The broker SIGKILLed while provision.yml waits for its server: ansible-playbook dies
+    with it; the restarted broker runs the playbook again, which finds the key pair without
+    its private key (the dead run never handed it over), replaces it and the server booted
+    with it, and finishes: one server, one key pair, one group."""
+    one, _two, tiny = fed
+    env = OSBBroker(
+        lab, tmp_path, space="osb-packs-crash", lease=4.0,
+        services=pack_services(tmp_path, SERVER), deadlines=DEADLINES,
+    )  # fmt: skip
+    try:
+        started = time.monotonic()
+        service_id, plan_id = env.plan(SERVER)
+        iid = instance_id("pkcrash")
+        params = {"image": tiny[one.name], "where": {"cloud": one.name}}
+        answer = env.osb.provision(iid, service_id, plan_id, params)
+        assert answer.status == 202, answer.body
+        wait_until(
+            "the playbook's server create to reach nova",
+            lambda: _built(clouds, one.name, iid)["servers"],
+            300,
+        )
+        first = _built(clouds, one.name, iid)
+        env.restart()
+        last = env.wait(iid, answer.operation, "provision")
+        assert last.body["state"] == "succeeded", last.body
+        built = _built(clouds, one.name, iid)
+        assert len(built["servers"]) == 1 and len(built["keypairs"]) == 1, built
+        assert len(built["groups"]) == 1 and built["groups"] == first["groups"], built
+        # the server of the dead run was booted with a key whose private half is lost
+        assert built["servers"] != first["servers"], (first, built)
+        attributes = env.osb.get_instance(iid).body["metadata"]["attributes"]
+        assert attributes["server_id"] == built["servers"][0]
+        env.deprovision(SERVER, iid)
+        assert _built(clouds, one.name, iid) == NOTHING
+        record_property("wall_seconds", round(time.monotonic() - started, 1))
+    finally:
+        env.stop()
