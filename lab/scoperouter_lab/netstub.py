@@ -25,11 +25,12 @@ State lives in memory (a restart forgets what clients created; nova tolerates a 
 gone when it deletes a server). Tokens are not checked for access: everything listens on the
 lab's loopback backend address, behind the cloud's router. A resource belongs to the project
 its request body names (admins and nova name it); a create that names none belongs to the
-project of the request's token, which the stand-in asks the cloud's keystone (``--keystone``:
-a token may validate itself), as neutron does.
+project of the request's token, which the stand-in asks the cloud's keystone where the
+services find it (``--keystone``, the router's identity URL in a routed lab: it understands a
+token carrying a routing scope; a token may validate itself), as neutron does.
 
 Run: ``python -m scoperouter_lab.netstub --listen 127.0.1.2:9696 --keystone
-http://127.0.1.2:5000/v3`` (stdlib only).
+http://127.0.0.2:5000/v3`` (stdlib only).
 """
 
 from __future__ import annotations
@@ -418,7 +419,7 @@ class TokenProjects:
         self.keystone = keystone.rstrip("/")
         self.known: dict[str, str] = {}
         self.lock = threading.Lock()
-        # straight to keystone's backend address, whatever proxy the environment names
+        # straight to the URL given, whatever proxy the environment names
         self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     def __call__(self, token: str) -> str:
