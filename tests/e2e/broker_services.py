@@ -115,9 +115,10 @@ SERVER_AND_IMAGE: dict[str, Any] = {
 
 
 class OSBBroker:
-    """`scoperouter broker serve` (a real process, SQLite) with the server and image services
-    on the lab's clouds (or the `services` given), and the project's OSB client sending what
-    Cloud Foundry sends, for the space `space` of this run."""
+    """`scoperouter broker serve` (a real process; SQLite, or the database of `db_url`) with
+    the server and image services on the lab's clouds (or the `services` given), and the
+    project's OSB client sending what Cloud Foundry sends, for the space `space` of this
+    run."""
 
     def __init__(
         self,
@@ -127,6 +128,7 @@ class OSBBroker:
         lease: float = LEASE,
         services: dict[str, Any] | None = None,
         deadlines: dict[str, float] | None = None,
+        db_url: str | None = None,
     ) -> None:
         self.lab = lab
         self.tmp = tmp
@@ -134,7 +136,7 @@ class OSBBroker:
         self.deadlines = {**DEADLINES, **(deadlines or {})}
         config = {
             "listen": f"127.0.0.1:{free_port()}",
-            "database": {"url": f"sqlite:///{tmp / 'broker.db'}"},
+            "database": {"url": db_url or f"sqlite:///{tmp / 'broker.db'}"},
             "clouds_yaml": [str(lab.clouds_yaml)],
             "clouds": {c.name: {"entry": f"{c.slug}-admin"} for c in lab.clouds[:2]},
             "worker": {
@@ -294,3 +296,24 @@ def sweep_all(clouds: FederationClouds, timeout: float = 180.0) -> list[str]:
                 admin.network.delete_security_group(group, ignore_missing=True)
                 gone.append(f"{cloud} security group {group.name}")
     return gone
+
+
+DB_ENV = "SCOPEROUTER_E2E_BROKER_DB"  # sqlite or postgresql: every broker of these tests
+
+
+def database(request: Any, default: str = "sqlite") -> str | None:
+    """The database URL of a broker for the test asking (`request`): ``$SCOPEROUTER_E2E_BROKER_DB``
+    when set, else `default`; None for SQLite (the broker's file in its directory), a new
+    database of the session's throwaway PostgreSQL cluster (tests/broker/pg.py) otherwise.
+    PostgreSQL not installed: SQLite, unless CI (which installs it) says otherwise."""
+    import os
+
+    kind = os.environ.get(DB_ENV) or default
+    if kind not in ("sqlite", "postgresql"):
+        raise ValueError(f"{DB_ENV}={kind!r}: sqlite or postgresql")
+    if kind == "sqlite":
+        return None
+    cluster = request.getfixturevalue("pg_cluster")
+    if cluster is None:
+        return None
+    return str(cluster.url(cluster.new_database(template="broker_template")))

@@ -24,10 +24,12 @@ import pytest
 import yaml
 
 from scoperouter.broker.services.heat import stack_name
+from tests.broker.conftest import pg_cluster  # noqa: F401  (a fixture: database())
 from tests.e2e.broker_services import (
     DEADLINES,
     OSBBroker,
     broker_clouds,
+    database,
     instance_id,
     run_projects,
     sweep_all,
@@ -86,10 +88,13 @@ def _servers(clouds: Any, cloud: str, iid: str) -> list[str]:
 
 
 def test_a_stack_in_cloudone_from_cloudtwos_image_full_lifecycle(
-    lab, clouds, fed, tmp_path, record_property
+    lab, clouds, fed, tmp_path, request, record_property
 ):
     one, two, tiny = fed
-    env = OSBBroker(lab, tmp_path, space="osb-heat", services=heat_services(one.name))
+    env = OSBBroker(
+        lab, tmp_path, space="osb-heat", services=heat_services(one.name),
+        db_url=database(request),
+    )  # fmt: skip
     try:
         started = time.monotonic()
         [service] = [s for s in env.catalog["services"] if s["name"] == STACK]
@@ -152,13 +157,14 @@ def test_a_stack_in_cloudone_from_cloudtwos_image_full_lifecycle(
         env.stop()
 
 
-def test_sigkill_during_a_stack_create(lab, clouds, fed, tmp_path, record_property):
+def test_sigkill_during_a_stack_create(lab, clouds, fed, tmp_path, request, record_property):
     """A broker SIGKILLed once its create reached heat is replaced by a restarted one that finds
     the stack by its name and polls it to the end: one stack, one server."""
     one, _two, tiny = fed
     env = OSBBroker(
-        lab, tmp_path, space="osb-heat-crash", lease=4.0, services=heat_services(one.name)
-    )
+        lab, tmp_path, space="osb-heat-crash", lease=4.0, services=heat_services(one.name),
+        db_url=database(request),
+    )  # fmt: skip
     try:
         started = time.monotonic()
         service_id, plan_id = env.plan(STACK)

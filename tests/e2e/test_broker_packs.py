@@ -27,10 +27,12 @@ from typing import Any
 import pytest
 
 from scoperouter.broker.services.server import instance_tag
+from tests.broker.conftest import pg_cluster  # noqa: F401  (a fixture: database())
 from tests.e2e.broker_services import (
     RUN,
     OSBBroker,
     broker_clouds,
+    database,
     instance_id,
     run_projects,
     sweep_all,
@@ -69,11 +71,11 @@ def clouds(lab, fed) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def env(lab, clouds, tmp_path_factory) -> Iterator[OSBBroker]:
+def env(lab, clouds, tmp_path_factory, request) -> Iterator[OSBBroker]:
     tmp = Path(tmp_path_factory.mktemp("osb-packs"))
     broker = OSBBroker(
         lab, tmp, space="osb-packs", services=pack_services(tmp, STORAGE, SERVER),
-        deadlines=DEADLINES,
+        deadlines=DEADLINES, db_url=database(request),
     )  # fmt: skip
     yield broker
     broker.stop()
@@ -200,18 +202,25 @@ def test_server_keypair_pack_in_cloudone_from_cloudtwos_image_full_lifecycle(
 
     env.deprovision(SERVER, iid)
     assert _built(clouds, one.name, iid) == NOTHING
+    # the broker logged what ran, never the key or the credential's secret
+    log = env.log.read_text()
+    assert "running provision.yml in CloudOne" in log
+    assert creds["application_credential_secret"] not in log and "PRIVATE KEY" not in log
+    assert creds["private_key"].splitlines()[1] not in log
     record_property("wall_seconds", round(time.monotonic() - started, 1))
 
 
-def test_sigkill_during_an_ansible_provision(lab, clouds, fed, tmp_path, record_property):
-    """The broker SIGKILLed while provision.yml waits for its server: ansible-playbook dies
-    with it; the restarted broker runs the playbook again, which finds the key pair without
-    its private key (the dead run never handed it over), replaces it and the server booted
-    with it, and finishes: one server, one key pair, one group."""
+def test_sigkill_during_an_ansible_provision(lab, clouds, fed, tmp_path, request, record_property):
+    """The broker (on PostgreSQL in CI: the other SIGKILL on the lab, heat's, is on SQLite)
+    SIGKILLed while provision.yml waits for its server: ansible-playbook dies with it; the
+    restarted broker runs the playbook again, which finds the key pair without its private key
+    (the dead run never handed it over), replaces it and the server booted with it, and
+    finishes: one server, one key pair, one group."""
     one, _two, tiny = fed
     env = OSBBroker(
         lab, tmp_path, space="osb-packs-crash", lease=4.0,
         services=pack_services(tmp_path, SERVER), deadlines=DEADLINES,
+        db_url=database(request, default="postgresql"),
     )  # fmt: skip
     try:
         started = time.monotonic()

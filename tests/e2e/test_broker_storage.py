@@ -24,11 +24,13 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.broker.conftest import pg_cluster  # noqa: F401  (a fixture: database())
 from tests.e2e.broker_services import (
     DEADLINES,
     RUN,
     OSBBroker,
     broker_clouds,
+    database,
     run_projects,
     sweep_all,
 )
@@ -51,7 +53,7 @@ def clouds(lab, fed) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def env(lab, clouds, tmp_path_factory) -> Iterator[OSBBroker]:
+def env(lab, clouds, tmp_path_factory, request) -> Iterator[OSBBroker]:
     services = {
         CONTAINER: {"default_cloud": lab.clouds[0].name, "deadlines": DEADLINES},
         VOLUME: {"default_cloud": lab.clouds[0].name, "max_size": 10, "deadlines": DEADLINES},
@@ -61,7 +63,8 @@ def env(lab, clouds, tmp_path_factory) -> Iterator[OSBBroker]:
             "plans": [{"name": "tiny", "flavor": "m1.tiny"}],
         },
     }
-    broker = OSBBroker(lab, Path(tmp_path_factory.mktemp("osb-storage")), services=services)
+    tmp = Path(tmp_path_factory.mktemp("osb-storage"))
+    broker = OSBBroker(lab, tmp, services=services, db_url=database(request))
     yield broker
     broker.stop()
 
