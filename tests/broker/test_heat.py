@@ -193,12 +193,16 @@ class FakeStack:
     status_reason: str = ""
     outputs: list[dict[str, Any]] = field(default_factory=list)
     polls: int = 0
+    project: str = ""
 
 
 def _response(status: int, body: dict[str, Any]) -> requests.Response:
     response = requests.Response()
     response.status_code = status
-    response.reason = {201: "Created", 400: "Bad Request", 409: "Conflict"}[status]
+    response.reason = {
+        200: "OK", 201: "Created", 202: "Accepted", 400: "Bad Request", 403: "Forbidden",
+        404: "Not Found", 409: "Conflict",
+    }[status]  # fmt: skip
     response.headers["Content-Type"] = "application/json"
     response._content = json.dumps(body).encode()
     return response
@@ -272,10 +276,26 @@ class FakeHeat:
         live = [s for s in self.stacks.values() if s.name == name and s.status != "DELETE_COMPLETE"]
         return self._advance(live[0]) if live else None
 
-    def update_stack(self, stack: FakeStack, **attrs: Any) -> FakeStack:
-        self.calls.append(("update", attrs))
+    def put(self, path: str, json: dict[str, Any]) -> requests.Response:
+        """heat's ``PUT /stacks/<name>/<id>``: a whole new definition of the stack, whose
+        tags are those the request gives (none given: the stack has none left)."""
+        name, stack_id = path.removeprefix("/stacks/").split("/")
+        stack = self.stacks.get(stack_id)
+        if stack is None or stack.name != name:
+            error = {"message": f"The Stack ({name}) could not be found.", "type": "NotFound"}
+            return _response(404, {"code": 404, "title": "Not Found", "error": error})
+        self.calls.append(("update", json))
+        if not isinstance(json.get("tags", ""), str):
+            error = {"type": "AttributeError", "traceback": None}
+            return _response(400, {"code": 400, "title": "Bad Request", "error": error})
         stack.status, stack.polls = "UPDATE_IN_PROGRESS", 0
-        stack.template, stack.parameters = attrs["template"], attrs["parameters"]
+        stack.template, stack.parameters = json["template"], json["parameters"]
+        stack.tags = json["tags"].split(",") if json.get("tags") else []
+        return _response(202, {})
+
+    def update_stack(self, stack: FakeStack, **attrs: Any) -> FakeStack:
+        """openstacksdk's ``update_stack``: the attributes given, without the stack's tags."""
+        exceptions.raise_from_response(self.put(f"/stacks/{stack.name}/{stack.id}", attrs))
         return stack
 
     def delete_stack(self, stack: FakeStack) -> None:
@@ -284,6 +304,43 @@ class FakeHeat:
 
     def kinds(self) -> list[str]:
         return [kind for kind, _ in self.calls]
+
+
+class ProjectHeat:
+    """A FakeHeat as a connection scoped to `project` sees it: what it creates is the
+    project's, and ``GET /stacks`` lists the project's stacks; heat's default policy refuses
+    ``global_tenant`` (every project's stacks) to everyone (``stacks:global_index``)."""
+
+    def __init__(self, heat: FakeHeat, project: str) -> None:
+        self.heat = heat
+        self.project = project
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.heat, name)
+
+    def post(self, path: str, json: dict[str, Any]) -> requests.Response:
+        response = self.heat.post(path, json)
+        if response.status_code == 201:
+            self.heat.stacks[response.json()["stack"]["id"]].project = self.project
+        return response
+
+    def create_stack(self, **attrs: Any) -> FakeStack:
+        return FakeHeat.create_stack(self, **attrs)  # type: ignore[arg-type]
+
+    def get(self, path: str, params: dict[str, str]) -> requests.Response:
+        assert path == "/stacks", path
+        if params.get("global_tenant"):
+            error = {"message": "Access was denied to this resource.", "type": "Forbidden"}
+            return _response(403, {"code": 403, "title": "Forbidden", "error": error})
+        wanted = set(params["tags"].split(",")) if params.get("tags") else set()
+        stacks = [
+            {"id": st.id, "stack_name": st.name, "tags": st.tags}
+            for st in self.heat.stacks.values()
+            if st.project == self.project
+            and wanted <= set(st.tags)
+            and st.status != "DELETE_COMPLETE"
+        ]
+        return _response(200, {"stacks": stacks})
 
 
 class HeatClouds:
@@ -301,8 +358,12 @@ class HeatClouds:
         self, cloud: str, *, project_id: str | None = None, scope: str | None = None
     ) -> Any:
         self.connects.append((cloud, project_id, scope))
+        managed = [SimpleNamespace(id=f"project-{cloud}")]  # FakeIdentity's space project
         return SimpleNamespace(
-            orchestration=self.heat[cloud], cloud_name=cloud, current_project_id="p"
+            orchestration=ProjectHeat(self.heat[cloud], project_id or "broker-project"),
+            identity=SimpleNamespace(projects=lambda tags: managed),
+            cloud_name=cloud,
+            current_project_id="p",
         )
 
     def capacity(self, cloud: str) -> Capacity:
@@ -409,6 +470,10 @@ def test_update_sends_the_target_plan_s_template_and_the_merged_parameters() -> 
     [(_, update)] = [c for c in heat.calls if c[0] == "update"]
     # the `big` plan sets the flavor itself
     assert update["parameters"] == {"image": "c", "name_suffix": "new", "flavor": "m1.small"}
+    # a stack update replaces the stack's tags with the request's: the broker's are sent again
+    # (without them, `broker repair` no longer found the stack; found against the lab's heat)
+    [stack] = heat.stacks.values()
+    assert stack.tags == ["osb", "osb-instance-i-4"]
 
 
 def test_bind_gives_the_outputs_and_deprovision_deletes_the_stack() -> None:
@@ -433,6 +498,27 @@ def test_bind_gives_the_outputs_and_deprovision_deletes_the_stack() -> None:
     done = drive(service, _op(service, "deprovision", after(view, saved), saved), max_sleep=0)
     assert isinstance(done, Done) and "no stack of this instance is left" in done.description
     assert clouds.heat["CloudTwo"].kinds() == ["create", "delete"]
+
+
+def test_repair_s_inventory_lists_the_broker_s_stacks_project_by_project() -> None:
+    """`broker repair` finds the stacks of the projects the broker manages, asking each
+    project's heat: heat's default policy denies every project's stacks at once
+    (``global_tenant``) even to admins, which made the inventory a 403 on the lab's heat."""
+    clouds = HeatClouds()
+    service = _service(clouds)
+    saved = Saved()
+    view = instance("i-7", {"image": "c"})
+    assert isinstance(drive(service, _op(service, "provision", view, saved), max_sleep=0), Done)
+    # a stack of another project, and an untagged one of the managed project: not the broker's
+    other = ProjectHeat(clouds.heat["CloudTwo"], "someone-else")
+    other.post("/stacks", {"stack_name": "osb-x", "template": {}, "parameters": {}, "tags": "osb"})
+    mine = ProjectHeat(clouds.heat["CloudTwo"], "project-CloudTwo")
+    mine.post("/stacks", {"stack_name": "theirs", "template": {}, "parameters": {}})
+    found = list(service.inventory("CloudTwo"))
+    assert [(f.kind, f.id, f.instance_id, f.name) for f in found] == [
+        ("stack", saved.progress["stack_id"], "i-7", "osb-i-7")
+    ]
+    assert list(service.inventory("CloudOne")) == []
 
 
 def test_a_deprovision_before_anything_was_placed_has_nothing_to_do() -> None:

@@ -487,10 +487,12 @@ class HeatService(placed.PlacedService):
                     f"stack {stack.name} is {stack.status}: waiting", self.spec.poll_seconds
                 )
             template = self.templates[op.plan.id]  # the target plan's
-            orchestration.update_stack(
+            update_stack(
+                orchestration,
                 stack,
                 template=template,
                 parameters=stack_parameters(template, self._values(op)),
+                tags=[BROKER_TAG, instance_tag(op.instance.id)],
                 timeout_mins=_minutes_left(op),
             )
             op.save(sent=True)
@@ -568,21 +570,25 @@ class HeatService(placed.PlacedService):
     # ----------------------------------------------------------------------- inventory
 
     def inventory(self, cloud: str) -> Iterable[Found]:
-        """Stacks carrying the broker's tag in every project of `cloud` (heat's
-        ``global_tenant``: the broker's account needs heat's admin policy, as for servers)."""
-        conn = self.clouds.connect(cloud)
-        response = conn.orchestration.get(
-            "/stacks", params={"global_tenant": "True", "tags": BROKER_TAG}
-        )
-        response.raise_for_status()
-        for stack in response.json().get("stacks", []):
-            yield Found(
-                cloud=cloud,
-                kind="stack",
-                id=str(stack.get("id")),
-                instance_id=owner_of(stack.get("stack_name"), stack.get("tags") or []),
-                name=stack.get("stack_name"),
-            )
+        """Stacks carrying the broker's tag in every project the broker manages in `cloud`
+        (and in its account's own, for ``project: broker``), listed project by project with a
+        token of each: heat's default policy lets nobody list every project's stacks at once
+        (``global_tenant``: ``stacks:global_index`` is ``deny_everybody``)."""
+        projects: list[str | None] = list(placed.managed_projects(self.clouds, cloud))
+        if self.spec.project == "broker":
+            projects.append(None)
+        for project_id in projects:
+            conn = self.clouds.connect(cloud, project_id=project_id)
+            response = conn.orchestration.get("/stacks", params={"tags": BROKER_TAG})
+            response.raise_for_status()
+            for stack in response.json().get("stacks", []):
+                yield Found(
+                    cloud=cloud,
+                    kind="stack",
+                    id=str(stack.get("id")),
+                    instance_id=owner_of(stack.get("stack_name"), stack.get("tags") or []),
+                    name=stack.get("stack_name"),
+                )
 
 
 def create_stack(
@@ -613,6 +619,30 @@ def create_stack(
     response = orchestration.post("/stacks", json=body)
     exceptions.raise_from_response(response)
     return str(response.json()["stack"]["id"])
+
+
+def update_stack(
+    orchestration: Any,
+    stack: Any,
+    *,
+    template: Mapping[str, Any],
+    parameters: Mapping[str, Any],
+    tags: Iterable[str],
+    timeout_mins: int,
+) -> None:
+    """Update a stack (``PUT /stacks/<name>/<id>``, heat's whole new definition of it). The
+    tags go again, as for a create: heat keeps only the tags an update gives, and the broker
+    finds its stacks by them (`broker repair`)."""
+    from openstack import exceptions
+
+    body = {
+        "template": dict(template),
+        "parameters": dict(parameters),
+        "tags": ",".join(tags),
+        "timeout_mins": timeout_mins,
+    }
+    response = orchestration.put(f"/stacks/{stack.name}/{stack.id}", json=body)
+    exceptions.raise_from_response(response)
 
 
 _EMPTY: dict[str, Any] = {
