@@ -7,6 +7,8 @@ per-run id, so a sweep removes exactly what this run made and never another help
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import time
@@ -240,9 +242,35 @@ class OSBBroker:
             capture_output=True, text=True, env=env, timeout=120, check=False,
         )  # fmt: skip
 
+    def repair(self) -> dict[str, Any]:
+        """`scoperouter broker repair --json` on this broker's config and database: what it
+        found of each service in each cloud. Every cloud must have been read (nothing
+        `unchecked`); the lab may hold other runs' drift, so callers look at their own
+        instances (`drift_of`)."""
+        done = subprocess.run(
+            [sys.executable, "-m", "scoperouter.broker", "repair", "--config", str(self.config),
+             "--json"],
+            capture_output=True, text=True, check=False, timeout=300,
+            env={**os.environ, "SCOPEROUTER_BROKER_SECRET_KEYS": BrokerProcess.keys},
+        )  # fmt: skip
+        assert done.returncode in (0, 1), (done.returncode, done.stdout[-2000:], done.stderr)
+        report: dict[str, Any] = json.loads(done.stdout)
+        assert report["errors"] == [] and report["unchecked"] == [], report
+        return report
+
     def stop(self) -> None:
         self.process.stop()
         self.osb.close()
+
+
+def drift_of(report: dict[str, Any], iid: str) -> list[str]:
+    """The drift `broker repair` reported about instance `iid`: ["orphans"], ["missing"]..."""
+    return [
+        kind
+        for kind in ("orphans", "missing")
+        for item in report[kind]
+        if item.get("instance_id") == iid
+    ]
 
 
 def run_projects(clouds: FederationClouds, cloud: str) -> list[str]:

@@ -31,6 +31,7 @@ from tests.e2e.broker_services import (
     OSBBroker,
     broker_clouds,
     database,
+    drift_of,
     run_projects,
     sweep_all,
 )
@@ -129,6 +130,7 @@ def test_object_container_full_lifecycle(env, clouds, fed, record_property):
         list(conn.object_store.containers())
     # the object is there for the project's admin too: what the binding wrote is real
     assert store.download_object("hello.txt", container=name) == body
+    assert drift_of(env.repair(), iid) == []  # `broker repair` finds the container
 
     env.unbind(CONTAINER, iid, binding)
     with pytest.raises(HttpError) as revoked:  # keystone refuses the deleted credential
@@ -188,6 +190,8 @@ def test_volume_attached_to_a_server_instance_full_lifecycle(env, clouds, fed, r
     attached = env.openstack(creds["clouds_yaml"], "server", "volume", "list", server_id)
     assert attached.returncode == 0, attached.stderr
     assert [a["Volume ID"] for a in json.loads(attached.stdout)] == [volume_id]
+    report = env.repair()  # finds the volume, the server and the binding's credential
+    assert drift_of(report, iid) == [] and drift_of(report, server_iid) == []
 
     env.unbind(VOLUME, iid, binding)
     assert block.get_volume(volume_id).status == "available"
