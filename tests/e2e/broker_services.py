@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +242,33 @@ class OSBBroker:
             capture_output=True, text=True, env=env, timeout=120, check=False,
         )  # fmt: skip
 
+    def cli_json(self, clouds_yaml: str, *args: str) -> Any:
+        """`openstack <args>` with a binding's clouds.yaml: its JSON (the test fails with the
+        CLI's stderr when it fails)."""
+        done = self.openstack(clouds_yaml, *args)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    def server_binding_works(
+        self, creds: dict[str, Any], server_id: str, image_id: str, scope: Any
+    ) -> dict[str, Any]:
+        """A binding's credential of a server's project with the `openstack` CLI: an
+        application credential at the router carrying `scope`, which shows the server and,
+        through the scope, the image it was booted from (in another cloud). The server as the
+        CLI shows it."""
+        entry = yaml.safe_load(creds["clouds_yaml"])["clouds"][creds["os_cloud"]]
+        assert entry["auth_type"] == "v3applicationcredential"
+        assert entry.get("scope") == scope
+        server: dict[str, Any] = self.cli_json(creds["clouds_yaml"], "server", "show", server_id)
+        assert server["status"] == "ACTIVE"
+        image = self.cli_json(creds["clouds_yaml"], "image", "show", image_id)
+        assert image["id"] == image_id
+        return server
+
+    def revoked(self, creds: dict[str, Any], server_id: str) -> bool:
+        """Whether keystone refuses the binding's credential (after its unbind)."""
+        return self.openstack(creds["clouds_yaml"], "server", "show", server_id).returncode != 0
+
     def repair(self) -> dict[str, Any]:
         """`scoperouter broker repair --json` on this broker's config and database: what it
         found of each service in each cloud. Every cloud must have been read (nothing
@@ -271,6 +298,18 @@ def drift_of(report: dict[str, Any], iid: str) -> list[str]:
         for item in report[kind]
         if item.get("instance_id") == iid
     ]
+
+
+def swept_clouds(lab: Any, fed: Any, *services: str) -> Iterator[FederationClouds]:
+    """A module's `clouds` fixture: the broker's federation (skipped unless the lab runs
+    `services`), and at the end whatever this run left swept (`sweep_all`)."""
+    from tests.e2e.labservices import require_service
+
+    for service in services:
+        require_service(lab, service)
+    clouds = broker_clouds(lab, fed)
+    yield clouds
+    sweep_all(clouds)
 
 
 def run_projects(clouds: FederationClouds, cloud: str) -> list[str]:

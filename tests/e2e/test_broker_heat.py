@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from scoperouter.broker.services.heat import stack_name
 from scoperouter.broker.services.server import instance_tag
@@ -29,14 +28,13 @@ from tests.broker.conftest import pg_cluster  # noqa: F401  (a fixture: database
 from tests.e2e.broker_services import (
     DEADLINES,
     OSBBroker,
-    broker_clouds,
     database,
     drift_of,
     instance_id,
     run_projects,
-    sweep_all,
+    swept_clouds,
 )
-from tests.e2e.labservices import require_service, wait_until
+from tests.e2e.labservices import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -65,10 +63,7 @@ def heat_services(one: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def clouds(lab, fed) -> Iterator[Any]:
-    require_service(lab, "heat")
-    clouds = broker_clouds(lab, fed)
-    yield clouds
-    sweep_all(clouds)
+    yield from swept_clouds(lab, fed, "heat")
 
 
 def _stacks(clouds: Any, cloud: str, iid: str) -> list[Any]:
@@ -150,21 +145,12 @@ def test_a_stack_in_cloudone_from_cloudtwos_image_full_lifecycle(
         assert creds["server_id"] == server_id and creds["stack_id"] == stack.id
         assert creds["server_name"] == f"{stack_name(iid)}-api"
         assert len(creds["password"]) == 24  # the template's OS::Heat::RandomString
-        entry = yaml.safe_load(creds["clouds_yaml"])["clouds"][creds["os_cloud"]]
-        assert entry["auth_type"] == "v3applicationcredential"
-        assert entry["scope"] == scope
         # the binding's credential with the openstack CLI: the stack's server, and through
         # the scope the image it was booted from, which lives in CloudTwo
-        shown = env.openstack(creds["clouds_yaml"], "server", "show", server_id)
-        assert shown.returncode == 0, shown.stderr
-        assert json.loads(shown.stdout)["status"] == "ACTIVE"
-        image = env.openstack(creds["clouds_yaml"], "image", "show", tiny[two.name])
-        assert image.returncode == 0, image.stderr
-        assert json.loads(image.stdout)["id"] == tiny[two.name]
+        env.server_binding_works(creds, server_id, tiny[two.name], scope)
 
         env.unbind(STACK, iid, binding)
-        refused = env.openstack(creds["clouds_yaml"], "server", "show", server_id)
-        assert refused.returncode != 0  # the credential was revoked
+        assert env.revoked(creds, server_id)
 
         env.deprovision(STACK, iid)
         assert _stacks(clouds, one.name, iid) == [] and _servers(clouds, one.name, iid) == []

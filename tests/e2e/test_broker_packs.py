@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,16 +28,13 @@ import pytest
 from scoperouter.broker.services.server import instance_tag
 from tests.broker.conftest import pg_cluster  # noqa: F401  (a fixture: database())
 from tests.e2e.broker_services import (
-    RUN,
     OSBBroker,
-    broker_clouds,
     database,
     instance_id,
-    run_projects,
-    sweep_all,
+    swept_clouds,
 )
-from tests.e2e.labservices import require_service, wait_until
-from tests.e2e.test_broker_storage import binding_connection
+from tests.e2e.labservices import wait_until
+from tests.e2e.test_broker_storage import container_lifecycle
 
 pytestmark = pytest.mark.e2e
 
@@ -64,10 +60,7 @@ def pack_services(tmp: Path, *names: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def clouds(lab, fed) -> Iterator[Any]:
-    require_service(lab, "swift")
-    clouds = broker_clouds(lab, fed)
-    yield clouds
-    sweep_all(clouds)
+    yield from swept_clouds(lab, fed, "swift")
 
 
 @pytest.fixture(scope="module")
@@ -82,51 +75,11 @@ def env(lab, clouds, tmp_path_factory, request) -> Iterator[OSBBroker]:
 
 
 def test_object_storage_pack_full_lifecycle(env, clouds, fed, record_property):
-    from keystoneauth1.exceptions.http import HttpError
-    from openstack import exceptions
-
+    """The example pack's lifecycle as the built-in container's (`container_lifecycle`), each
+    action a playbook run; the pack's default placement: CloudOne."""
     one, _two, _ = fed
     started = time.monotonic()
-    [service] = [s for s in env.catalog["services"] if s["name"] == STORAGE]
-    assert service["bindable"] and [p["name"] for p in service["plans"]] == ["standard"]
-
-    iid, last = env.provision(STORAGE, "pst", {})  # the pack's default: CloudOne
-    assert last.body["state"] == "succeeded", last.body
-    attributes = env.osb.get_instance(iid).body["metadata"]["attributes"]
-    name, project_id = attributes["container"], attributes["project_id"]
-    assert name == f"osb-{iid}" and attributes["cloud"] == one.name
-    assert attributes["storage_url"] == f"http://{one.front_ip}:8080/v1/AUTH_{project_id}/{name}"
-    assert project_id in run_projects(clouds, one.name)
-    store = clouds.connect(one.name, project_id=project_id).object_store
-    assert store.get_container_metadata(name).metadata.get("osb-instance-id") == iid
-    other = f"osb-{RUN}-pother-{uuid.uuid4().hex[:6]}"
-    store.create_container(name=other)
-    store.upload_object(container=other, name="private.txt", data=b"not the binding's")
-
-    binding, creds = env.bind(STORAGE, iid)
-    assert creds["container"] == name and creds["storage_url"] == attributes["storage_url"]
-    conn = binding_connection(env.tmp, creds)
-    body = f"written through the pack's binding {iid}".encode()
-    conn.object_store.upload_object(container=name, name="hello.txt", data=body)
-    assert conn.object_store.download_object("hello.txt", container=name) == body
-    assert store.download_object("hello.txt", container=name) == body
-    with pytest.raises(exceptions.HttpException) as refused:
-        conn.object_store.download_object("private.txt", container=other)
-    assert refused.value.status_code in (401, 403), refused.value
-    with pytest.raises(exceptions.HttpException) as refused:
-        conn.object_store.upload_object(container=other, name="x.txt", data=b"x")
-    assert refused.value.status_code in (401, 403), refused.value
-
-    env.unbind(STORAGE, iid, binding)
-    with pytest.raises(HttpError) as revoked:
-        binding_connection(env.tmp, creds).object_store.download_object("hello.txt", container=name)
-    assert "Could not find Application Credential" in str(revoked.value), revoked.value
-
-    env.deprovision(STORAGE, iid)  # the container goes with its object
-    with pytest.raises(exceptions.NotFoundException):
-        store.get_container_metadata(name)
-    store.delete_object("private.txt", container=other)
-    store.delete_container(other)
+    container_lifecycle(env, clouds, one, STORAGE, "pst", {})
     record_property("wall_seconds", round(time.monotonic() - started, 1))
 
 
@@ -193,17 +146,13 @@ def test_server_keypair_pack_in_cloudone_from_cloudtwos_image_full_lifecycle(
     assert _public_key(creds["private_key"]).split()[:2] == keypair.public_key.split()[:2]
     # the binding's credential with the openstack CLI: the server (in CloudOne), its
     # security group (the network stand-in), and through the scope CloudTwo's image
-    shown = env.openstack(creds["clouds_yaml"], "server", "show", server.id)
-    assert shown.returncode == 0, shown.stderr
-    assert json.loads(shown.stdout)["key_name"] == f"osb-{iid}"
-    group_cli = env.openstack(creds["clouds_yaml"], "security", "group", "show", group.id)
-    assert group_cli.returncode == 0, group_cli.stderr
-    image = env.openstack(creds["clouds_yaml"], "image", "show", tiny[two.name])
-    assert image.returncode == 0, image.stderr
+    shown = env.server_binding_works(creds, server.id, tiny[two.name], scope)
+    assert shown["key_name"] == f"osb-{iid}"
+    group_cli = env.cli_json(creds["clouds_yaml"], "security", "group", "show", group.id)
+    assert group_cli["name"] == f"osb-{iid}"
 
     env.unbind(SERVER, iid, binding)
-    refused = env.openstack(creds["clouds_yaml"], "server", "show", server.id)
-    assert refused.returncode != 0  # the credential was revoked
+    assert env.revoked(creds, server.id)
 
     env.deprovision(SERVER, iid)
     assert _built(clouds, one.name, iid) == NOTHING

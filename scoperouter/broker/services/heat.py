@@ -606,18 +606,9 @@ def create_stack(
     Not openstacksdk's ``create_stack``: its Stack resource sends ``tags`` as a JSON list,
     and heat's API takes them as one comma-separated string (a list is a 400 without a
     message: heat's ``'list' object has no attribute 'split'``)."""
-    from openstack import exceptions
-
-    body = {
-        "stack_name": name,
-        "template": dict(template),
-        "parameters": dict(parameters),
-        "tags": ",".join(tags),
-        "timeout_mins": timeout_mins,
-        "disable_rollback": disable_rollback,
-    }
-    response = orchestration.post("/stacks", json=body)
-    exceptions.raise_from_response(response)
+    body = _definition(template, parameters, tags, timeout_mins)
+    body.update(stack_name=name, disable_rollback=disable_rollback)
+    response = _sent(orchestration.post("/stacks", json=body))
     return str(response.json()["stack"]["id"])
 
 
@@ -633,16 +624,28 @@ def update_stack(
     """Update a stack (``PUT /stacks/<name>/<id>``, heat's whole new definition of it). The
     tags go again, as for a create: heat keeps only the tags an update gives, and the broker
     finds its stacks by them (`broker repair`)."""
-    from openstack import exceptions
+    body = _definition(template, parameters, tags, timeout_mins)
+    _sent(orchestration.put(f"/stacks/{stack.name}/{stack.id}", json=body))
 
-    body = {
+
+def _definition(
+    template: Mapping[str, Any], parameters: Mapping[str, Any], tags: Iterable[str], minutes: int
+) -> dict[str, Any]:
+    """What a create and an update send: tags as heat's API takes them."""
+    return {
         "template": dict(template),
         "parameters": dict(parameters),
         "tags": ",".join(tags),
-        "timeout_mins": timeout_mins,
+        "timeout_mins": minutes,
     }
-    response = orchestration.put(f"/stacks/{stack.name}/{stack.id}", json=body)
+
+
+def _sent(response: Any) -> Any:
+    """`response`, or openstacksdk's exception for heat's error answer."""
+    from openstack import exceptions
+
     exceptions.raise_from_response(response)
+    return response
 
 
 _EMPTY: dict[str, Any] = {
