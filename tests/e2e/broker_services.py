@@ -1,5 +1,7 @@
-"""Helpers for the e2e tests of the broker's server and image services (test_broker_server.py,
-test_broker_image.py): the broker's view of the lab, and a sweep of what a test left.
+"""Helpers for the e2e tests of the broker's services against the lab (test_broker_server.py,
+test_broker_image.py, test_broker_storage.py, test_broker_heat.py, test_broker_packs.py): a
+broker process and its OSB client, the broker's view of the lab, what a binding is checked
+with, and a sweep of what a test left.
 
 Everything these tests create in the lab has a name or tag starting with ``osb`` and carries a
 per-run id, so a sweep removes exactly what this run made and never another helper's resources.
@@ -17,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from scoperouter.broker.clouds import CloudAccess, FederationClouds
@@ -384,3 +387,91 @@ def database(request: Any, default: str = "sqlite") -> str | None:
     if cluster is None:
         return None
     return str(cluster.url(cluster.new_database(template="broker_template")))
+
+
+def binding_connection(tmp: Path, creds: dict[str, Any]) -> Any:
+    """An openstacksdk Connection from the binding's clouds.yaml (nothing from the
+    environment)."""
+    from openstack import config as os_config
+    from openstack import connection
+
+    path = tmp / f"binding-{uuid.uuid4().hex[:6]}.yaml"
+    path.write_text(creds["clouds_yaml"])
+    cfg = os_config.OpenStackConfig(config_files=[str(path)], load_envvars=False)
+    return connection.Connection(config=cfg.get_one(cloud=creds["os_cloud"]))
+
+
+def container_lifecycle(
+    env: OSBBroker,
+    clouds: Any,
+    cloud: Any,
+    service: str,
+    label: str,
+    params: dict[str, Any],
+    *,
+    repair: bool = False,
+) -> None:
+    """The lifecycle of a container service, the built-in one or the example ansible pack:
+    a provision puts the container `osb-<instance id>` in the space's project of `cloud` with
+    its storage URL at that cloud's router; the binding's application credential (keystone
+    access rules for that container's path) puts and gets an object through the router with
+    openstacksdk, and is refused on another container of the same project and on the account;
+    after the unbind keystone refuses it; the deprovision deletes the container with its
+    object. With `repair`, `broker repair` finds the container while it is bound."""
+    from keystoneauth1.exceptions.http import HttpError
+    from openstack import exceptions
+
+    [offered] = [s for s in env.catalog["services"] if s["name"] == service]
+    assert offered["bindable"] and [p["name"] for p in offered["plans"]] == ["standard"]
+
+    iid, last = env.provision(service, label, params)
+    assert last.body["state"] == "succeeded", last.body
+    attributes = env.osb.get_instance(iid).body["metadata"]["attributes"]
+    name, project_id = attributes["container"], attributes["project_id"]
+    assert name == f"osb-{iid}" and attributes["cloud"] == cloud.name
+    # the storage URL is the project's object-store endpoint at the cloud's router
+    assert attributes["storage_url"] == (
+        f"http://{cloud.front_ip}:8080/v1/AUTH_{project_id}/{name}"
+    ), attributes
+    assert project_id in run_projects(clouds, cloud.name)  # the space's project
+    store = clouds.connect(cloud.name, project_id=project_id).object_store
+    assert store.get_container_metadata(name).metadata.get("osb-instance-id") == iid
+    # another container of the same project: the binding must not reach it
+    other = f"osb-{RUN}-other-{uuid.uuid4().hex[:6]}"
+    store.create_container(name=other)
+    store.upload_object(container=other, name="private.txt", data=b"not the binding's")
+
+    binding, creds = env.bind(service, iid)
+    assert creds["container"] == name and creds["storage_url"] == attributes["storage_url"]
+    entry = yaml.safe_load(creds["clouds_yaml"])["clouds"][creds["os_cloud"]]
+    assert entry["auth_type"] == "v3applicationcredential"
+    assert entry["auth"]["auth_url"] == f"http://{cloud.front_ip}:5000/v3"
+    conn = binding_connection(env.tmp, creds)
+    body = f"written through the binding of {iid}".encode()
+    conn.object_store.upload_object(container=name, name="hello.txt", data=body)
+    assert conn.object_store.download_object("hello.txt", container=name) == body
+    assert [o.name for o in conn.object_store.objects(name)] == ["hello.txt"]
+    # keystone's access rules: the other container, the account, are refused
+    with pytest.raises(exceptions.HttpException) as refused:
+        conn.object_store.download_object("private.txt", container=other)
+    assert refused.value.status_code in (401, 403), refused.value
+    with pytest.raises(exceptions.HttpException) as refused:
+        conn.object_store.upload_object(container=other, name="x.txt", data=b"x")
+    assert refused.value.status_code in (401, 403), refused.value
+    with pytest.raises(exceptions.HttpException):
+        list(conn.object_store.containers())
+    # the object is there for the project's admin too: what the binding wrote is real
+    assert store.download_object("hello.txt", container=name) == body
+    if repair:
+        assert drift_of(env.repair(), iid) == []
+
+    env.unbind(service, iid, binding)
+    with pytest.raises(HttpError) as revoked:  # keystone refuses the deleted credential
+        binding_connection(env.tmp, creds).object_store.download_object("hello.txt", container=name)
+    assert "Could not find Application Credential" in str(revoked.value), revoked.value
+
+    env.deprovision(service, iid)
+    with pytest.raises(exceptions.NotFoundException):
+        store.get_container_metadata(name)
+    store.delete_object("private.txt", container=other)
+    store.delete_container(other)

@@ -29,12 +29,12 @@ from scoperouter.broker.services.server import instance_tag
 from tests.broker.conftest import pg_cluster  # noqa: F401  (a fixture: database())
 from tests.e2e.broker_services import (
     OSBBroker,
+    container_lifecycle,
     database,
     instance_id,
     swept_clouds,
 )
 from tests.e2e.labservices import wait_until
-from tests.e2e.test_broker_storage import container_lifecycle
 
 pytestmark = pytest.mark.e2e
 
