@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 import yaml
 
 from scoperouter.broker.clouds import CloudAccess, FederationClouds
@@ -221,6 +222,16 @@ class OSBBroker:
         got = self.osb.get_binding(iid, binding)
         assert got.status == 200, got.body
         return binding, got.body["credentials"]
+
+    def update(self, service: str, iid: str, parameters: dict[str, Any]) -> Any:
+        """Update the instance's parameters and wait: the final last_operation answer (which
+        must say succeeded)."""
+        service_id, _plan_id = self.plan(service)
+        answer = self.osb.update(iid, service_id, None, parameters)
+        assert answer.status == 202, answer.body
+        last = self.wait(iid, answer.operation, "provision")  # an update's deadline is as long
+        assert last.body["state"] == "succeeded", last.body
+        return last
 
     def unbind(self, service: str, iid: str, binding: str, plan: str | None = None) -> None:
         service_id, plan_id = self.plan(service, plan)
@@ -462,6 +473,15 @@ def container_lifecycle(
         list(conn.object_store.containers())
     # the object is there for the project's admin too: what the binding wrote is real
     assert store.download_object("hello.txt", container=name) == body
+    # an update makes the container public to read: anyone, no token, through the router
+    anonymous = requests.Session()
+    anonymous.trust_env = False  # straight to the router
+    public = f"{attributes['storage_url']}/hello.txt"
+    assert anonymous.get(public, timeout=60).status_code in (401, 403)
+    env.update(service, iid, {"public_read": True})
+    read = anonymous.get(public, timeout=60)
+    assert read.status_code == 200 and read.content == body, read.status_code
+    assert env.osb.get_instance(iid).body["metadata"]["attributes"]["public_read"] is True
     if repair:
         assert drift_of(env.repair(), iid) == []
 

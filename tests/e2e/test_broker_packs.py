@@ -138,6 +138,12 @@ def test_server_keypair_pack_in_cloudone_from_cloudtwos_image_full_lifecycle(
     # nova booted the server in the group: its port on the stand-in's network carries it
     [port] = admin.network.ports(device_id=server.id)
     assert port.security_group_ids == [group.id]
+    # an update runs update.yml: the group's rules follow the new list of ports
+    env.update(SERVER, iid, {"ports": [22, 443]})
+    group = admin.network.get_security_group(group.id)
+    ingress = [r for r in group.security_group_rules if r["direction"] == "ingress"]
+    assert sorted(r["port_range_min"] for r in ingress) == [22, 443], ingress
+    assert env.osb.get_instance(iid).body["metadata"]["attributes"]["ports"] == [22, 443]
 
     binding, creds = env.bind(SERVER, iid)
     assert creds["server_id"] == server.id and creds["key_name"] == f"osb-{iid}"
