@@ -24,7 +24,6 @@ import pytest
 
 from scoperouter.broker.services.heat import stack_name
 from scoperouter.broker.services.server import instance_tag
-from tests.broker.conftest import pg_cluster  # noqa: F401  (a fixture: database())
 from tests.e2e.broker_services import (
     DEADLINES,
     OSBBroker,

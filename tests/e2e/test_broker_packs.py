@@ -26,7 +26,6 @@ from typing import Any
 import pytest
 
 from scoperouter.broker.services.server import instance_tag
-from tests.broker.conftest import pg_cluster  # noqa: F401  (a fixture: database())
 from tests.e2e.broker_services import (
     OSBBroker,
     container_lifecycle,

@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 
-from tests.broker.conftest import pg_cluster  # noqa: F401  (a fixture: database())
 from tests.e2e.broker_services import (
     DEADLINES,
     OSBBroker,
