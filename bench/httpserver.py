@@ -9,7 +9,8 @@ then it answers:
 * ``GET .../blob/<n>``: ``n`` bytes of application/octet-stream, written as fast as the
   connection takes them (flow control honoured, constant memory);
 * anything else: a small JSON body ``{"cloud": NAME, "method": ..., "path": ...,
-  "body_bytes": n, "hops": <X-Scope-Hops or null>}``.
+  "body_bytes": n, "hops": <X-Scope-Hops or null>}``, and ``"body_sha256"`` (the hex SHA-256
+  of the body) when the request asks for it with ``X-Bench-Checksum: sha256``.
 
 Binds to loopback addresses only. Prints ``ready`` once every listener is up.
 """
@@ -18,10 +19,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import ipaddress
 import json
 import signal
 import sys
+from typing import Any
 
 BLOCK = memoryview(bytes(range(256)) * 4096)  # 1 MiB
 MAX_HEAD = 64 * 1024
@@ -35,6 +38,7 @@ class HttpProtocol(asyncio.Protocol):
         self.state = "head"  # head | body | chunk-size | chunk-data | chunk-crlf | trailers
         self.remaining = 0
         self.received = 0
+        self.hasher: Any = None  # hashlib's sha256 when the request asks for the body's
         self.request: tuple[str, str, dict[str, str]] | None = None
         self.blob_left = 0
         self.paused = False
@@ -82,6 +86,8 @@ class HttpProtocol(asyncio.Protocol):
                     headers[key.strip().lower()] = value.strip()
                 self.request = (method, target, headers)
                 self.received = 0
+                wants = headers.get("x-bench-checksum", "").lower() == "sha256"
+                self.hasher = hashlib.sha256() if wants else None
                 self.close_after = (
                     headers.get("connection", "").lower() == "close" or version == "HTTP/1.0"
                 )
@@ -93,6 +99,7 @@ class HttpProtocol(asyncio.Protocol):
             elif self.state == "body":
                 take = min(self.remaining, len(self.buf))
                 if take:
+                    self._hash(take)
                     del self.buf[:take]
                     self.remaining -= take
                     self.received += take
@@ -112,6 +119,7 @@ class HttpProtocol(asyncio.Protocol):
                     self.state = "chunk-data"
             elif self.state == "chunk-data":
                 take = min(self.remaining, len(self.buf))
+                self._hash(take)
                 del self.buf[:take]
                 self.remaining -= take
                 self.received += take
@@ -131,6 +139,11 @@ class HttpProtocol(asyncio.Protocol):
                 if end == 0:
                     self._answer()
 
+    def _hash(self, take: int) -> None:
+        if self.hasher is not None:
+            with memoryview(self.buf) as view:
+                self.hasher.update(view[:take])
+
     def _answer(self) -> None:
         assert self.request is not None
         method, target, headers = self.request
@@ -146,15 +159,16 @@ class HttpProtocol(asyncio.Protocol):
             else:
                 self._finish()
             return
-        body = json.dumps(
-            {
-                "cloud": self.name,
-                "method": method,
-                "path": target,
-                "body_bytes": self.received,
-                "hops": headers.get("x-scope-hops"),
-            }
-        ).encode()
+        answer = {
+            "cloud": self.name,
+            "method": method,
+            "path": target,
+            "body_bytes": self.received,
+            "hops": headers.get("x-scope-hops"),
+        }
+        if self.hasher is not None:
+            answer["body_sha256"] = self.hasher.hexdigest()
+        body = json.dumps(answer).encode()
         self._respond(200, body, "application/json")
         self._finish()
 

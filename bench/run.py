@@ -169,6 +169,10 @@ class Bench:
     def stop_router(self, name: str) -> None:
         self.procs.stop(self.routers.pop(name))
 
+    def federation_data(self) -> dict[str, Any]:
+        """The config the routers run (``bench.soak`` adds to it)."""
+        return federation.two_clouds(list(self.clouds.values()))
+
     def start_federation(self) -> None:
         self._addresses()
         small = [(c.backend_host, c.small_port, c.name) for c in self.clouds.values()]
@@ -182,8 +186,7 @@ class Bench:
         self.backends["small"] = self.small.proc
         self.backends["big"] = backend.start_asyncio(self.procs, big, "backend-big").proc
         self.config = federation.write_config(
-            federation.two_clouds(list(self.clouds.values())),
-            self.workdir / "federation.yaml",
+            self.federation_data(), self.workdir / "federation.yaml"
         )
         for name in reversed(federation.CLOUDS):  # CloudTwo first: CloudOne forwards to it
             self.start_router(name, self.args.router_log_level)

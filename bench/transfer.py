@@ -1,18 +1,23 @@
 """Part 3: large bodies. One upload (PUT with Content-Length) and one download (GET of a blob),
 direct and through the routers, over raw sockets from constant memory; the routers' RSS is
-sampled every 10 ms during each transfer to catch its peak."""
+sampled every 10 ms during each transfer to catch its peak. :func:`checked` (the soak's): one
+transfer whose bytes are checked end to end, by SHA-256 at both ends."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import socket
 import threading
 import time
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from bench.procs import BenchError, rss_max_mb
 
 BLOCK = memoryview(bytes(range(256)) * 4096)  # 1 MiB
+CHECKSUM_HEADER = "X-Bench-Checksum"  # the backend answers the body's SHA-256 (httpserver.py)
 
 
 @dataclass
@@ -77,8 +82,9 @@ def _read_head(sock: socket.socket, buf: bytearray) -> tuple[int, dict[str, str]
     return status, headers, bytearray(rest)
 
 
-def _read_exact_count(sock: socket.socket, already: int, total: int) -> int:
-    """Read and drop body bytes until `total` have been seen; returns the count."""
+def _read_exact_count(sock: socket.socket, already: int, total: int, hasher: Any = None) -> int:
+    """Read and drop body bytes until `total` have been seen (each passed to `hasher.update`
+    when given); returns the count."""
     got = already
     buf = bytearray(1 << 20)
     view = memoryview(buf)
@@ -86,6 +92,8 @@ def _read_exact_count(sock: socket.socket, already: int, total: int) -> int:
         n = sock.recv_into(view, min(len(buf), total - got))
         if n == 0:
             break
+        if hasher is not None:
+            hasher.update(view[:n])
         got += n
     return got
 
@@ -130,9 +138,10 @@ def upload(
 
 
 def download(
-    host: str, port: int, path: str, headers: dict[str, str], size: int
+    host: str, port: int, path: str, headers: dict[str, str], size: int, hasher: Any = None
 ) -> tuple[float, int]:
-    """GET a `size`-byte blob; (seconds until the last byte, bytes received)."""
+    """GET a `size`-byte blob; (seconds until the last byte, bytes received), every byte passed
+    to `hasher.update` when given."""
     head = _request_head("GET", host, port, path, headers)
     start = time.perf_counter()
     with socket.create_connection((host, port), timeout=120) as sock:
@@ -143,8 +152,67 @@ def download(
         length = int(rheaders.get("content-length", "-1"))
         if length < 0:
             raise BenchError("download answer has no Content-Length (chunked?): not expected")
-        got = _read_exact_count(sock, len(rest), length)
+        if hasher is not None:
+            hasher.update(rest)
+        got = _read_exact_count(sock, len(rest), length, hasher)
     return time.perf_counter() - start, got
+
+
+@functools.lru_cache(maxsize=4)
+def pattern_sha256(size: int) -> str:
+    """The SHA-256 of the `size` bytes :func:`upload` sends and the backend's blobs are: the
+    1 MiB block over and over."""
+    hasher = hashlib.sha256()
+    left = size
+    while left:
+        n = min(left, len(BLOCK))
+        hasher.update(BLOCK[:n])
+        left -= n
+    return hasher.hexdigest()
+
+
+def checked(
+    direction: str,
+    host: str,
+    port: int,
+    headers: dict[str, str],
+    size: int,
+    expect_cloud: str,
+    hops: str | None = "2",
+) -> tuple[bool, float, str]:
+    """One upload or download of `size` bytes on the object-store frontend at host:port, its
+    bytes checked end to end: the backend's SHA-256 of what it received (an upload) or ours of
+    what came (a download) against the pattern's; the upload's answer must come from
+    `expect_cloud`'s backend, with `hops` routers crossed. (intact, seconds, what was found);
+    a failed connection or status raises OSError or BenchError."""
+    expected = pattern_sha256(size)
+    if direction == "upload":
+        headers = {**headers, CHECKSUM_HEADER: "sha256"}
+        seconds, body = upload(host, port, "/v1/AUTH_soak/c/big", headers, size)
+        try:
+            answer = json.loads(body)
+        except ValueError:
+            return False, seconds, f"the upload's answer is not JSON: {body[:200]!r}"
+        intact = (
+            answer.get("body_sha256") == expected
+            and answer.get("body_bytes") == size
+            and answer.get("cloud") == expect_cloud
+            and answer.get("hops") == hops
+        )
+        detail = (
+            f"backend {answer.get('cloud')} received {answer.get('body_bytes')} bytes, "
+            f"SHA-256 {'as sent' if answer.get('body_sha256') == expected else 'DIFFERENT'}, "
+            f"X-Scope-Hops {answer.get('hops')!r}"
+        )
+        return intact, seconds, detail
+    hasher = hashlib.sha256()
+    seconds, got = download(host, port, f"/v1/AUTH_soak/c/blob/{size}", headers, size, hasher)
+    same = hasher.hexdigest() == expected
+    return (
+        got == size and same,
+        seconds,
+        f"received {got} bytes, SHA-256 " + ("as expected" if same else "DIFFERENT"),
+    )
 
 
 def measure(

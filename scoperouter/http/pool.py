@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import ssl
 import time
 from collections.abc import Mapping
@@ -82,15 +83,41 @@ class WarmSpec:
     idle_seconds: float
 
 
+# (CA file, verify) -> (the file's identity when read, its context): see client_context
+_CONTEXTS: dict[tuple[str | None, bool], tuple[tuple[int, ...] | None, ssl.SSLContext]] = {}
+
+
 def client_context(cafile: str | None, verify: bool) -> ssl.SSLContext:
     """A TLS client context: verified against `cafile` (else the system's CAs), the host name
-    checked, unless `verify` is off."""
+    checked, unless `verify` is off.
+
+    Reading a CA file parses every certificate in it (the system's bundle: tens of ms, more on
+    a busy machine), and a worker configures its pool on its event loop at every reload: the
+    context is kept and given again while the file is the same (path, inode, size and mtime;
+    for the system's CAs, OpenSSL's default CA file), so a reload that leaves the CAs alone
+    does not stall the requests in flight; a changed file is read again."""
+    stamp = _file_stamp(cafile or ssl.get_default_verify_paths().cafile)
+    kept = _CONTEXTS.get((cafile, verify))
+    if kept is not None and kept[0] is not None and kept[0] == stamp:
+        return kept[1]
     context = ssl.create_default_context(cafile=cafile)
     context.set_alpn_protocols(["http/1.1"])
     if not verify:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
+    _CONTEXTS[(cafile, verify)] = (stamp, context)
     return context
+
+
+def _file_stamp(path: str | None) -> tuple[int, ...] | None:
+    """What tells a file's versions apart (None: no such file, never kept)."""
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def describe_error(exc: BaseException) -> str:

@@ -48,7 +48,7 @@ import httptools
 from scoperouter.catalog import Limits
 from scoperouter.errors import ClientGone
 from scoperouter.http import heads
-from scoperouter.http.flow import FlowControl
+from scoperouter.http.flow import READ_BUFFER, FlowControl
 from scoperouter.http.request import Body, BodyError, Refusal, Request
 from scoperouter.http.wire import ALLOW_FIELD, Fields, error_response
 from scoperouter.semantics import header_map
@@ -107,7 +107,7 @@ class ServerState:
         self.on_close: Callable[[], None] | None = None
 
 
-class ClientConnection(asyncio.Protocol):
+class ClientConnection(asyncio.BufferedProtocol):
     """One client connection: parses requests, queues them, answers them in order."""
 
     def __init__(self, state: ServerState, app: Application, tls: bool = False) -> None:
@@ -193,7 +193,13 @@ class ClientConnection(asyncio.Protocol):
         if self.relay is not None:
             self.relay.resume_reading()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return READ_BUFFER
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(READ_BUFFER[:nbytes])
+
+    def data_received(self, data: bytes | memoryview) -> None:
         if self.refused:
             return  # lingering after a refusal: what still comes is dropped
         current = self._current

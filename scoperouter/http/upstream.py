@@ -21,7 +21,7 @@ from typing import Literal, NamedTuple, Protocol
 
 import httptools
 
-from scoperouter.http.flow import FlowControl
+from scoperouter.http.flow import READ_BUFFER, FlowControl
 from scoperouter.http.wire import Fields, chunk
 
 HIGH_WATER = 256 * 1024  # answer bytes kept before reading from the upstream pauses
@@ -58,7 +58,7 @@ class _StopBody(Exception):
     """Raised in a parser callback: a HEAD answer has no body, whatever it says."""
 
 
-class UpstreamConnection(asyncio.Protocol):
+class UpstreamConnection(asyncio.BufferedProtocol):
     """One connection to an upstream, one exchange at a time."""
 
     def __init__(self, origin: Origin) -> None:
@@ -138,7 +138,13 @@ class UpstreamConnection(asyncio.Protocol):
         if not self.open:
             raise ConnectionError(self.error or "the upstream closed the connection")
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return READ_BUFFER
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(READ_BUFFER[:nbytes])
+
+    def data_received(self, data: bytes | memoryview) -> None:
         self.received = True
         self._progress = False
         try:

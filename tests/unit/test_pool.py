@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ssl
 import time
+from pathlib import Path
 from typing import Any
 
 from scoperouter.http.pool import Pool, Warm, WarmSpec, client_context
 from scoperouter.http.upstream import Origin, UpstreamConnection
+from scoperouter.pki import new_ca
 
 PEER = Origin("https", "127.0.0.3", 9443)
 BACKEND = Origin("http", "127.0.1.2", 9292)
@@ -141,3 +144,24 @@ def test_the_pool_keeps_idle_what_the_load_had_in_flight_and_tidies_in_one_pass(
     assert list(pool.idle[BACKEND]) == conns[1::2]
     assert all(c.transport.closed for c in conns[::2])  # discarded
     assert not any(c.transport.closed for c in conns[1::2])
+
+
+def test_a_reload_with_the_same_cas_reuses_the_tls_contexts(tmp_path: Path) -> None:
+    """A worker configures its pool on its event loop at every reload: building a context reads
+    and parses the whole CA file (the system's bundle: 25-50 ms, found stalling every request
+    of a worker at each SIGHUP by the soak, bench.soak), so the same file gives the same
+    context; a rewritten file, or another verify setting, gives a new one."""
+    assert client_context(None, True) is client_context(None, True)
+    assert client_context(None, False) is not client_context(None, True)
+    assert client_context(None, False).verify_mode == ssl.CERT_NONE
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(new_ca("first")[0])
+    first = client_context(str(ca), True)
+    assert client_context(str(ca), True) is first
+    ca.write_bytes(new_ca("second, renewed")[0])  # rotated in place: read again
+    second = client_context(str(ca), True)
+    assert second is not first
+    assert [c["subject"] for c in second.get_ca_certs()] == [
+        ((("commonName", "scoperouter second, renewed"),),)
+    ]
+    assert client_context(str(ca), True) is second
