@@ -421,6 +421,8 @@ class CloudRunner:
             stype, module, _ = STAND_INS[what]
             argv = [sys.executable, "-m", module, "--listen",
                     f"{self.cloud.back_ip}:{self.cloud.port(stype)}"]  # fmt: skip
+            if stype == "network":  # the project of a token, for what a user creates
+                argv += ["--keystone", self.ctx.keystone_url]  # as the services find it
             confs = [Path(__file__).with_name(module.rsplit(".", 1)[1] + ".py")]
         elif what in API_PROCESSES:
             service = what.split("-")[0]

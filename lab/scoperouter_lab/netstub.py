@@ -12,27 +12,41 @@ and delete the port with the server. This stand-in answers those, from memory:
   ``fields``, update, delete (a port gets a MAC and the next free address of its network's
   first subnet; binding it to a host makes it ACTIVE with vif type ``ovs``; a network with
   ports or a subnet with addresses in use answers 409);
-* a ``default`` security group per project (as neutron creates on first use); quotas
-  unlimited; no extensions; no routers, floating IPs or security group rules: those writes
-  answer 403 (NeutronError JSON), a limit of the lab.
+* security groups and their rules: create, show, list, delete (a group's name and
+  description can be updated); a new group has neutron's two egress rules, a ``default`` group
+  per project appears on first use as neutron makes it, a rule repeated answers 409, a group a
+  port uses answers 409 to its delete; rules are kept, not enforced (nova's fake driver has no
+  traffic to filter). So nova boots a server in a group named at create, and openstack.cloud's
+  ``security_group``/``security_group_rule`` modules manage them;
+* quotas unlimited; no extensions; no routers or floating IPs: those writes answer 403
+  (NeutronError JSON), a limit of the lab.
 
 State lives in memory (a restart forgets what clients created; nova tolerates a port that is
-gone when it deletes a server). Tokens are not checked (projects come from request bodies):
-everything listens on the lab's loopback backend address, behind the cloud's router.
+gone when it deletes a server). Tokens are not checked for access: everything listens on the
+lab's loopback backend address, behind the cloud's router. A resource belongs to the project
+its request body names (admins and nova name it); a create that names none belongs to the
+project of the request's token, which the stand-in asks the cloud's keystone where the
+services find it (``--keystone``, the router's identity URL in a routed lab: it understands a
+token carrying a routing scope; a token may validate itself), as neutron does.
 
-Run: ``python -m scoperouter_lab.netstub --listen 127.0.1.2:9696`` (stdlib only).
+Run: ``python -m scoperouter_lab.netstub --listen 127.0.1.2:9696 --keystone
+http://127.0.0.2:5000/v3`` (stdlib only).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
+import hashlib
 import ipaddress
 import json
 import re
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -97,6 +111,8 @@ class Forbidden(Exception):
 
 
 # what a client may set on each kind of resource; ids, MACs, IPs and states are the stand-in's
+_RULE_FIELDS = ("direction", "ethertype", "protocol", "port_range_min", "port_range_max",
+                "remote_ip_prefix", "remote_group_id")  # fmt: skip
 _WRITABLE = {
     "networks": frozenset(("name", "description", "admin_state_up", "shared", "mtu", "tags",
                            "port_security_enabled", "tenant_id", "project_id")),
@@ -107,9 +123,23 @@ _WRITABLE = {
                         "device_owner", "binding:host_id", "binding:profile",
                         "binding:vnic_type", "dns_name", "tags", "security_groups",
                         "tenant_id", "project_id")),
+    "security_groups": frozenset(("name", "description", "stateful", "tags", "tenant_id",
+                                  "project_id")),
+    "security_group_rules": frozenset(("security_group_id", "description", *_RULE_FIELDS,
+                                       "tenant_id", "project_id")),
 }  # fmt: skip
 # fields fixed once created
-_IMMUTABLE = frozenset(("network_id", "cidr", "ip_version", "tenant_id", "project_id"))
+_IMMUTABLE = frozenset(
+    (
+        "network_id",
+        "cidr",
+        "ip_version",
+        "tenant_id",
+        "project_id",
+        "security_group_id",
+        *_RULE_FIELDS,
+    )
+)
 
 
 class Store:
@@ -131,6 +161,7 @@ class Store:
             "subnets": {},
             "ports": {},
             "security_groups": {},
+            "security_group_rules": {},
         }
         self._add_network({"name": NETWORK_NAME, "shared": True}, self.network_id)
         self._add_subnet(
@@ -146,7 +177,7 @@ class Store:
             if collection == "security_groups":
                 for project in query.get("tenant_id", []) + query.get("project_id", []):
                     self._default_group(project)
-            items = list(self.data.get(collection, {}).values())
+            items = copy.deepcopy(list(self.data.get(collection, {}).values()))
         fields = [f for value in query.get("fields", []) for f in value.split(",") if f]
         for key, wanted in query.items():
             if key in ("fields", "limit", "marker", "sort_key", "sort_dir", "page_reverse"):
@@ -156,7 +187,7 @@ class Store:
 
     def show(self, collection: str, ident: str, fields: Iterable[str] = ()) -> Resource:
         with self.lock:
-            item = self.data.get(collection, {}).get(ident)
+            item = copy.deepcopy(self.data.get(collection, {}).get(ident))
         if item is None:
             raise NotFound(f"{_singular(collection)} {ident} could not be found")
         return _project(item, list(fields))
@@ -165,9 +196,10 @@ class Store:
 
     def create(self, collection: str, body: Resource) -> Resource:
         add = {"networks": self._add_network, "subnets": self._add_subnet,
-               "ports": self._add_port}[collection]  # fmt: skip
+               "ports": self._add_port, "security_groups": self._add_group,
+               "security_group_rules": self._add_rule}[collection]  # fmt: skip
         with self.lock:
-            return dict(add(body, str(uuid.uuid4())))
+            return copy.deepcopy(add(body, str(uuid.uuid4())))
 
     def update(self, collection: str, ident: str, body: Resource) -> Resource:
         with self.lock:
@@ -182,7 +214,7 @@ class Store:
             item["revision_number"] += 1
             if collection == "ports":
                 _bind(item)
-            return dict(item)
+            return copy.deepcopy(item)
 
     def delete(self, collection: str, ident: str) -> None:
         with self.lock:
@@ -209,6 +241,16 @@ class Store:
                 net = self.data["networks"].get(item["network_id"])
                 if net is not None:
                     net["subnets"] = [s for s in net["subnets"] if s != ident]
+            if collection == "security_groups":
+                if any(ident in p["security_groups"] for p in self.data["ports"].values()):
+                    raise Conflict(f"Security Group {ident} in use.")
+                for rule in item["security_group_rules"]:
+                    self.data["security_group_rules"].pop(rule["id"], None)
+            if collection == "security_group_rules":
+                group = self.data["security_groups"].get(item["security_group_id"])
+                if group is not None:
+                    rules = group["security_group_rules"]
+                    group["security_group_rules"] = [r for r in rules if r["id"] != ident]
             del self.data[collection][ident]
 
     # -- the resources --------------------------------------------------------------------
@@ -303,12 +345,47 @@ class Store:
         """neutron creates a project's ``default`` security group on first use."""
         gid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{self.seed}:sg:{project}"))
         if gid not in self.data["security_groups"]:
-            self.data["security_groups"][gid] = {
-                **self._base(gid, {"project_id": project}),
-                "name": "default", "description": "Default security group",
-                "security_group_rules": [], "stateful": True, "shared": False,
-            }  # fmt: skip
+            body = {"project_id": project, "name": "default",
+                    "description": "Default security group"}  # fmt: skip
+            self._add_group(body, gid)
         return gid
+
+    def _add_group(self, body: Resource, ident: str) -> Resource:
+        """A security group, with the egress rules neutron gives every new group."""
+        group = {**self._base(ident, body), "security_group_rules": [], "stateful": True,
+                 "shared": False}  # fmt: skip
+        group.update(_writable("security_groups", body))
+        self.data["security_groups"][ident] = group
+        for ethertype in ("IPv4", "IPv6"):
+            rule = {"security_group_id": ident, "direction": "egress", "ethertype": ethertype,
+                    "project_id": group["project_id"]}  # fmt: skip
+            self._add_rule(rule, str(uuid.uuid4()))
+        return group
+
+    def _add_rule(self, body: Resource, ident: str) -> Resource:
+        group = self.data["security_groups"].get(str(body.get("security_group_id")))
+        if group is None:
+            raise NotFound(f"Security group {body.get('security_group_id')} does not exist")
+        body = {"project_id": group["project_id"], **body}
+        rule: Resource = {**self._base(ident, body), "security_group_id": group["id"],
+                          "remote_address_group_id": None,
+                          **dict.fromkeys(_RULE_FIELDS)}  # fmt: skip
+        del rule["name"]
+        rule.update(_writable("security_group_rules", body))
+        rule["ethertype"] = rule["ethertype"] or "IPv4"
+        if rule["direction"] not in ("ingress", "egress"):
+            raise BadRequest(f"Invalid direction {rule['direction']!r}: ingress or egress")
+        if rule["ethertype"] not in ("IPv4", "IPv6"):
+            raise BadRequest(f"Invalid ethertype {rule['ethertype']!r}: IPv4 or IPv6")
+        low, high = rule["port_range_min"], rule["port_range_max"]
+        if low is not None and high is not None and int(low) > int(high):
+            raise BadRequest("port_range_min must be <= port_range_max")
+        for other in group["security_group_rules"]:
+            if all(other[k] == rule[k] for k in _RULE_FIELDS):
+                raise Conflict(f"Security group rule already exists. Rule id is {other['id']}.")
+        self.data["security_group_rules"][ident] = rule
+        group["security_group_rules"].append(rule)
+        return rule
 
 
 def _writable(collection: str, body: Resource) -> Resource:
@@ -328,10 +405,50 @@ def _project(item: Resource, fields: list[str]) -> Resource:
     return {k: v for k, v in item.items() if k in fields} if fields else dict(item)
 
 
+class Unauthorized(Exception):
+    pass
+
+
+class TokenProjects:
+    """The project of a token, asked of keystone once per token (``GET /v3/auth/tokens`` with
+    the token as its own subject: keystone lets a token validate itself)."""
+
+    MAX = 1024  # tokens remembered
+
+    def __init__(self, keystone: str) -> None:
+        self.keystone = keystone.rstrip("/")
+        self.known: dict[str, str] = {}
+        self.lock = threading.Lock()
+        # straight to the URL given, whatever proxy the environment names
+        self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def __call__(self, token: str) -> str:
+        key = hashlib.sha256(token.encode()).hexdigest()
+        with self.lock:
+            if key in self.known:
+                return self.known[key]
+        headers = {"X-Auth-Token": token, "X-Subject-Token": token}
+        request = urllib.request.Request(f"{self.keystone}/auth/tokens", headers=headers)
+        try:
+            with self.opener.open(request, timeout=30) as response:
+                data = json.load(response)
+        except urllib.error.HTTPError as exc:
+            raise Unauthorized(f"keystone refused the token ({exc.code})") from None
+        project = str(((data.get("token") or {}).get("project") or {}).get("id") or "")
+        if not project:
+            raise BadRequest("the token is not scoped to a project: name one (project_id)")
+        with self.lock:
+            if len(self.known) >= self.MAX:
+                self.known.clear()
+            self.known[key] = project
+        return project
+
+
 class Handler(BaseHTTPRequestHandler):
     server_version = "scoperouter-lab-network/2"
     protocol_version = "HTTP/1.1"
     store: Store  # set on the class made by make_server()
+    projects: TokenProjects | None = None  # without one, projects come from bodies only
 
     def _send(self, status: int, body: object | None) -> None:
         payload = b"" if body is None else json.dumps(body).encode()
@@ -382,6 +499,10 @@ class Handler(BaseHTTPRequestHandler):
             self._error(409, "Conflict", str(exc))
         except Forbidden as exc:
             self._error(403, "Forbidden", str(exc))
+        except Unauthorized as exc:
+            self._error(401, "Unauthorized", str(exc))
+        except urllib.error.URLError as exc:
+            self._error(503, "ServiceUnavailable", f"keystone did not answer: {exc.reason}")
 
     def do_GET(self) -> None:
         self._handle(self._get)
@@ -420,9 +541,13 @@ class Handler(BaseHTTPRequestHandler):
     def _post(self) -> None:
         path, _ = self._target()
         m = _COLLECTION.match(path)
-        collection = m.group(1) if m else ""
+        collection = m.group(1).replace("-", "_") if m else ""
         if collection in _WRITABLE:
-            item = self.store.create(collection, self._body(collection))
+            body = self._body(collection)
+            token = self.headers.get("X-Auth-Token")
+            if not (body.get("project_id") or body.get("tenant_id")) and token and self.projects:
+                body["project_id"] = self.projects(token)  # neutron: the token's project
+            item = self.store.create(collection, body)
             self._send(201, {_singular(collection): item})
             return
         self._read_only()
@@ -433,8 +558,8 @@ class Handler(BaseHTTPRequestHandler):
     def _put(self) -> None:
         path, _ = self._target()
         m = _ITEM.match(path)
-        if m and m.group(1) in _WRITABLE:
-            collection = m.group(1)
+        collection = m.group(1).replace("-", "_") if m else ""
+        if m and collection in _WRITABLE:
             item = self.store.update(collection, m.group(2), self._body(collection))
             self._send(200, {_singular(collection): item})
             return
@@ -446,8 +571,9 @@ class Handler(BaseHTTPRequestHandler):
     def _delete(self) -> None:
         path, _ = self._target()
         m = _ITEM.match(path)
-        if m and m.group(1) in _WRITABLE:
-            self.store.delete(m.group(1), m.group(2))
+        collection = m.group(1).replace("-", "_") if m else ""
+        if m and collection in _WRITABLE:
+            self.store.delete(collection, m.group(2))
             self._send(204, None)
             return
         self._read_only()
@@ -459,7 +585,7 @@ class Handler(BaseHTTPRequestHandler):
         self._error(
             403,
             "Forbidden",
-            "the lab's network stand-in keeps networks, subnets and ports; "
+            "the lab's network stand-in keeps networks, subnets, ports and security groups; "
             f"{self.command} {self._target()[0]} is not supported",
         )
 
@@ -470,9 +596,12 @@ class Handler(BaseHTTPRequestHandler):
         sys.stderr.flush()
 
 
-def make_server(host: str, port: int) -> ThreadingHTTPServer:
-    """A stand-in on host:port (not yet serving); its ids derive from the address."""
-    handler = type("BoundHandler", (Handler,), {"store": Store(f"{host}:{port}")})
+def make_server(host: str, port: int, keystone: str | None = None) -> ThreadingHTTPServer:
+    """A stand-in on host:port (not yet serving); its ids derive from the address. With
+    `keystone` (its /v3 URL), a create naming no project gets its token's."""
+    projects = TokenProjects(keystone) if keystone else None
+    attrs = {"store": Store(f"{host}:{port}"), "projects": projects}
+    handler = type("BoundHandler", (Handler,), attrs)
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     return server
@@ -481,9 +610,10 @@ def make_server(host: str, port: int) -> ThreadingHTTPServer:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--listen", required=True, help="HOST:PORT to listen on")
+    parser.add_argument("--keystone", help="keystone's /v3 URL: the project of a token")
     args = parser.parse_args(argv)
     host, _, port = args.listen.rpartition(":")
-    server = make_server(host, int(port))
+    server = make_server(host, int(port), args.keystone)
     sys.stderr.write(f"network stand-in listening on {args.listen}\n")
     sys.stderr.flush()
     with contextlib.suppress(KeyboardInterrupt):

@@ -140,7 +140,10 @@ class FederationClouds:
         router, at the router, with `scope` (JSON text) applied by the client hook. The tool
         never sees the broker's password, and its token ends with the token's lifetime."""
         conn = self.connect(cloud, project_id=project_id, scope=scope)
-        token = conn.session.get_token()
+        # the plugin's token, not the session's: a scoped session's headers carry the token
+        # with the scope joined, which keystone does not know (the hook adds the scope)
+        auth: Any = conn.session.auth
+        token = auth.get_token(conn.session)
         config = self._region(cloud).config
         entry: dict[str, Any] = {
             "auth_type": "v3token",

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,14 @@ import yaml
 from scoperouter.broker.config import BrokerConfigError
 from scoperouter.broker.secrets import generate_key
 from scoperouter.broker.services.ansible.pack import load_pack
-from scoperouter.broker.services.ansible.playbook import HIDDEN, Scrubber, marker, reap
+from scoperouter.broker.services.ansible.playbook import (
+    HIDDEN,
+    Playbooks,
+    RunSpec,
+    Scrubber,
+    marker,
+    reap,
+)
 from scoperouter.broker.worker import Worker
 from tests.broker.ansible_harness import (
     NAME,
@@ -504,3 +513,79 @@ def test_a_scope_enters_at_its_compute_cloud_and_every_run_carries_it(tmp_path: 
     assert json.loads(scope or "") == {"compute": "CloudOne", "image": "CloudTwo"}
     assert recorder.runs[0].extravars["osb_scope"] == {"compute": "CloudOne", "image": "CloudTwo"}
     assert saved.resources["scope"] == scope
+
+
+class _StubSwift(BaseHTTPRequestHandler):
+    """An object-store API with one account and one container: what
+    ``openstack.cloud.object_containers_info`` reads."""
+
+    def do_GET(self) -> None:
+        if self.path.split("?")[0].rstrip("/") == "/v1/AUTH_test":
+            body = json.dumps([{"name": "osb-stub", "count": 0, "bytes": 0}]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json; charset=utf-8")
+        else:
+            body = b"not here"
+            self.send_response(404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_openstack_cloud_modules_run_with_the_broker_s_openstacksdk(tmp_path: Path) -> None:
+    """A real run of an ``openstack.cloud`` module (ansible 12.3.0's collection, 2.5.0) with
+    the broker's openstacksdk, against a stub swift: the collection reads
+    ``openstack.version.__version__``, which openstacksdk 4.15 removed, and every module of it
+    failed with "module 'openstack' has no attribute 'version'" until the broker's runs gave it
+    back (found by the first run of an example pack against the lab)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _StubSwift)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "list.yml").write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "name": "List the containers",
+                    "hosts": "localhost",
+                    "gather_facts": False,
+                    "tasks": [
+                        {
+                            "name": "Read them",
+                            "openstack.cloud.object_containers_info": {},
+                            "register": "found",
+                        },
+                        {
+                            "name": "Publish them",
+                            "ansible.builtin.set_stats": {
+                                "data": {"names": "{{ found.containers | map(attribute='name') }}"}
+                            },
+                        },
+                    ],
+                }
+            ]
+        )
+    )
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1/AUTH_test"
+    entry = {"auth_type": "none", "object_store_endpoint_override": url}
+    try:
+        result = Playbooks(tmp_path / "work").run(
+            RunSpec(
+                run_id="sdk-1",
+                marker=marker("sdk-1"),
+                project_dir=project,
+                playbook="list.yml",
+                extravars={},
+                clouds_yaml={"clouds": {"osb": entry}},
+                timeout=120,
+                scrub=Scrubber(),
+            )
+        )
+    finally:
+        server.shutdown()
+    assert result.ok, result.failure
+    assert result.stats == {"names": ["osb-stub"]}

@@ -155,3 +155,17 @@ def test_the_clouds_yaml_named_by_the_environment_is_read(
     monkeypatch.delenv("OS_CLIENT_CONFIG_FILE")
     with pytest.raises(CloudUnavailable, match="far"):
         FederationClouds([CloudAccess(name="Far", entry="far")]).region("Far")
+
+
+def test_a_run_s_entry_holds_the_plain_token_and_the_scope_beside_it(tmp_path: Path) -> None:
+    """The clouds.yaml entry of a playbook run: the token as keystone issued it and the scope
+    for the client hook to add. A token with the scope already joined (what a scoped
+    session's headers carry) is not a token keystone knows: every module of a scoped ansible
+    instance failed with "Could not recognize Fernet token" (found against the lab)."""
+    clouds = _clouds(tmp_path, {}, [])
+    entry = clouds.session_entry("CloudOne", project_id="p2", scope='{"image": "CloudTwo"}')
+    assert entry["auth"]["token"] == "t"
+    assert entry["auth"]["project_id"] == "p2" and entry["auth_type"] == "v3token"
+    assert entry["scope"] == {"image": "CloudTwo"}
+    assert entry["vendor_hook"] == "scoperouter.client:connection_hook"
+    assert "scope" not in clouds.session_entry("CloudOne", project_id="p2")

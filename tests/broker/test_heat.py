@@ -6,6 +6,7 @@ database. The lab's heat comes with another branch: the end-to-end tests wait fo
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import requests
 import yaml
 from openstack import exceptions
 
@@ -191,6 +193,19 @@ class FakeStack:
     status_reason: str = ""
     outputs: list[dict[str, Any]] = field(default_factory=list)
     polls: int = 0
+    project: str = ""
+
+
+def _response(status: int, body: dict[str, Any]) -> requests.Response:
+    response = requests.Response()
+    response.status_code = status
+    response.reason = {
+        200: "OK", 201: "Created", 202: "Accepted", 400: "Bad Request", 403: "Forbidden",
+        404: "Not Found", 409: "Conflict",
+    }[status]  # fmt: skip
+    response.headers["Content-Type"] = "application/json"
+    response._content = json.dumps(body).encode()
+    return response
 
 
 @dataclass
@@ -218,22 +233,39 @@ class FakeHeat:
                 ]
         return stack
 
-    def create_stack(self, **attrs: Any) -> FakeStack:
+    def post(self, path: str, json: dict[str, Any]) -> requests.Response:
+        """heat's ``POST /stacks`` as heat answers it: `tags` is one comma-separated string
+        (a list is heat's 400 without a message, its API calling ``split`` on it)."""
+        assert path == "/stacks", path
+        attrs = json
         self.calls.append(("create", attrs))
+        if not isinstance(attrs.get("tags", ""), str):
+            error = {"type": "AttributeError", "traceback": None}
+            return _response(400, {"code": 400, "title": "Bad Request", "error": error})
         if any(
-            s.name == attrs["name"] and s.status != "DELETE_COMPLETE" for s in self.stacks.values()
+            s.name == attrs["stack_name"] and s.status != "DELETE_COMPLETE"
+            for s in self.stacks.values()
         ):
-            raise exceptions.ConflictException(message="409: the stack exists")
+            error = {"message": "The Stack already exists.", "type": "StackExists"}
+            return _response(409, {"code": 409, "title": "Conflict", "error": error})
         stack = FakeStack(
             id=f"stack-{next(_ids)}",
-            name=attrs["name"],
+            name=attrs["stack_name"],
             status="CREATE_IN_PROGRESS",
             template=attrs["template"],
             parameters=attrs["parameters"],
-            tags=attrs["tags"],
+            tags=attrs["tags"].split(",") if attrs.get("tags") else [],
         )
         self.stacks[stack.id] = stack
-        return stack
+        return _response(201, {"stack": {"id": stack.id, "links": []}})
+
+    def create_stack(self, **attrs: Any) -> FakeStack:
+        """openstacksdk's ``create_stack``: its Stack resource sends ``tags`` as a JSON list
+        (``type=list``), which heat refuses."""
+        body = {"stack_name": attrs.pop("name"), **attrs, "tags": list(attrs.get("tags") or [])}
+        response = self.post("/stacks", json=body)
+        exceptions.raise_from_response(response)
+        return self.stacks[response.json()["stack"]["id"]]
 
     def get_stack(self, stack_id: str) -> FakeStack:
         if stack_id not in self.stacks:
@@ -244,10 +276,26 @@ class FakeHeat:
         live = [s for s in self.stacks.values() if s.name == name and s.status != "DELETE_COMPLETE"]
         return self._advance(live[0]) if live else None
 
-    def update_stack(self, stack: FakeStack, **attrs: Any) -> FakeStack:
-        self.calls.append(("update", attrs))
+    def put(self, path: str, json: dict[str, Any]) -> requests.Response:
+        """heat's ``PUT /stacks/<name>/<id>``: a whole new definition of the stack, whose
+        tags are those the request gives (none given: the stack has none left)."""
+        name, stack_id = path.removeprefix("/stacks/").split("/")
+        stack = self.stacks.get(stack_id)
+        if stack is None or stack.name != name:
+            error = {"message": f"The Stack ({name}) could not be found.", "type": "NotFound"}
+            return _response(404, {"code": 404, "title": "Not Found", "error": error})
+        self.calls.append(("update", json))
+        if not isinstance(json.get("tags", ""), str):
+            error = {"type": "AttributeError", "traceback": None}
+            return _response(400, {"code": 400, "title": "Bad Request", "error": error})
         stack.status, stack.polls = "UPDATE_IN_PROGRESS", 0
-        stack.template, stack.parameters = attrs["template"], attrs["parameters"]
+        stack.template, stack.parameters = json["template"], json["parameters"]
+        stack.tags = json["tags"].split(",") if json.get("tags") else []
+        return _response(202, {})
+
+    def update_stack(self, stack: FakeStack, **attrs: Any) -> FakeStack:
+        """openstacksdk's ``update_stack``: the attributes given, without the stack's tags."""
+        exceptions.raise_from_response(self.put(f"/stacks/{stack.name}/{stack.id}", attrs))
         return stack
 
     def delete_stack(self, stack: FakeStack) -> None:
@@ -256,6 +304,43 @@ class FakeHeat:
 
     def kinds(self) -> list[str]:
         return [kind for kind, _ in self.calls]
+
+
+class ProjectHeat:
+    """A FakeHeat as a connection scoped to `project` sees it: what it creates is the
+    project's, and ``GET /stacks`` lists the project's stacks; heat's default policy refuses
+    ``global_tenant`` (every project's stacks) to everyone (``stacks:global_index``)."""
+
+    def __init__(self, heat: FakeHeat, project: str) -> None:
+        self.heat = heat
+        self.project = project
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.heat, name)
+
+    def post(self, path: str, json: dict[str, Any]) -> requests.Response:
+        response = self.heat.post(path, json)
+        if response.status_code == 201:
+            self.heat.stacks[response.json()["stack"]["id"]].project = self.project
+        return response
+
+    def create_stack(self, **attrs: Any) -> FakeStack:
+        return FakeHeat.create_stack(self, **attrs)  # type: ignore[arg-type]
+
+    def get(self, path: str, params: dict[str, str]) -> requests.Response:
+        assert path == "/stacks", path
+        if params.get("global_tenant"):
+            error = {"message": "Access was denied to this resource.", "type": "Forbidden"}
+            return _response(403, {"code": 403, "title": "Forbidden", "error": error})
+        wanted = set(params["tags"].split(",")) if params.get("tags") else set()
+        stacks = [
+            {"id": st.id, "stack_name": st.name, "tags": st.tags}
+            for st in self.heat.stacks.values()
+            if st.project == self.project
+            and wanted <= set(st.tags)
+            and st.status != "DELETE_COMPLETE"
+        ]
+        return _response(200, {"stacks": stacks})
 
 
 class HeatClouds:
@@ -273,8 +358,12 @@ class HeatClouds:
         self, cloud: str, *, project_id: str | None = None, scope: str | None = None
     ) -> Any:
         self.connects.append((cloud, project_id, scope))
+        managed = [SimpleNamespace(id=f"project-{cloud}")]  # FakeIdentity's space project
         return SimpleNamespace(
-            orchestration=self.heat[cloud], cloud_name=cloud, current_project_id="p"
+            orchestration=ProjectHeat(self.heat[cloud], project_id or "broker-project"),
+            identity=SimpleNamespace(projects=lambda tags: managed),
+            cloud_name=cloud,
+            current_project_id="p",
         )
 
     def capacity(self, cloud: str) -> Capacity:
@@ -317,7 +406,8 @@ def test_provision_creates_one_stack_where_placement_says_and_a_rerun_finds_it()
     assert isinstance(first, Pending) and "CREATE_IN_PROGRESS" in first.description
     heat = clouds.heat["CloudTwo"]  # the freer cloud
     [(_, create)] = heat.calls
-    assert create["name"] == "osb-i-1" and create["tags"] == ["osb", "osb-instance-i-1"]
+    assert create["stack_name"] == "osb-i-1" and create["tags"] == "osb,osb-instance-i-1"
+    assert heat.stacks[saved.progress["stack_id"]].tags == ["osb", "osb-instance-i-1"]
     assert create["parameters"] == {"image": "cirros", "name_suffix": "web"}
     assert create["template"]["heat_template_version"] == "2018-08-31"
     assert create["disable_rollback"] is True and create["timeout_mins"] >= 1
@@ -380,6 +470,10 @@ def test_update_sends_the_target_plan_s_template_and_the_merged_parameters() -> 
     [(_, update)] = [c for c in heat.calls if c[0] == "update"]
     # the `big` plan sets the flavor itself
     assert update["parameters"] == {"image": "c", "name_suffix": "new", "flavor": "m1.small"}
+    # a stack update replaces the stack's tags with the request's: the broker's are sent again
+    # (without them, `broker repair` no longer found the stack; found against the lab's heat)
+    [stack] = heat.stacks.values()
+    assert stack.tags == ["osb", "osb-instance-i-4"]
 
 
 def test_bind_gives_the_outputs_and_deprovision_deletes_the_stack() -> None:
@@ -404,6 +498,27 @@ def test_bind_gives_the_outputs_and_deprovision_deletes_the_stack() -> None:
     done = drive(service, _op(service, "deprovision", after(view, saved), saved), max_sleep=0)
     assert isinstance(done, Done) and "no stack of this instance is left" in done.description
     assert clouds.heat["CloudTwo"].kinds() == ["create", "delete"]
+
+
+def test_repair_s_inventory_lists_the_broker_s_stacks_project_by_project() -> None:
+    """`broker repair` finds the stacks of the projects the broker manages, asking each
+    project's heat: heat's default policy denies every project's stacks at once
+    (``global_tenant``) even to admins, which made the inventory a 403 on the lab's heat."""
+    clouds = HeatClouds()
+    service = _service(clouds)
+    saved = Saved()
+    view = instance("i-7", {"image": "c"})
+    assert isinstance(drive(service, _op(service, "provision", view, saved), max_sleep=0), Done)
+    # a stack of another project, and an untagged one of the managed project: not the broker's
+    other = ProjectHeat(clouds.heat["CloudTwo"], "someone-else")
+    other.post("/stacks", {"stack_name": "osb-x", "template": {}, "parameters": {}, "tags": "osb"})
+    mine = ProjectHeat(clouds.heat["CloudTwo"], "project-CloudTwo")
+    mine.post("/stacks", {"stack_name": "theirs", "template": {}, "parameters": {}})
+    found = list(service.inventory("CloudTwo"))
+    assert [(f.kind, f.id, f.instance_id, f.name) for f in found] == [
+        ("stack", saved.progress["stack_id"], "i-7", "osb-i-7")
+    ]
+    assert list(service.inventory("CloudOne")) == []
 
 
 def test_a_deprovision_before_anything_was_placed_has_nothing_to_do() -> None:

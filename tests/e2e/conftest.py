@@ -27,6 +27,9 @@ import yaml
 from scoperouter_lab.layout import CloudSpec, LabPaths, default_dir
 from scoperouter_lab.procs import ProcessTable
 
+# the session's throwaway PostgreSQL (tests/broker/pg.py), one for every e2e module that asks
+from tests.broker.conftest import pg_cluster  # noqa: F401  (a fixture)
+
 UP_TIMEOUT = 1800  # a cold first run (pip install of OpenStack) takes ~5 minutes
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 
 from tests.broker import test_crash as crash
-from tests.broker.conftest import pg_cluster  # noqa: F401  (a fixture, used by db_url)
 from tests.broker.pg import Cluster
 from tests.broker.test_crash import env  # noqa: F401  (the fixture: a broker on db_url)
 
@@ -18,7 +17,7 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def db_url(pg_cluster: Cluster | None) -> str:  # noqa: F811
+def db_url(pg_cluster: Cluster | None) -> str:
     if pg_cluster is None:  # (under CI=true, pg_cluster fails instead)
         pytest.skip("PostgreSQL is not installed")
     return pg_cluster.url(pg_cluster.new_database(template="broker_template"))

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from scoperouter.broker.identity import space_of
 from scoperouter.broker.services.server import METADATA_KEY, instance_tag
@@ -85,21 +84,12 @@ def test_server_in_cloudone_from_cloudtwos_image_full_lifecycle(env, clouds, fed
     binding, creds = env.bind(SERVER, iid)
     assert creds["server_id"] == server_id and creds["cloud"] == one.name
     assert creds["router_url"] == f"http://{one.front_ip}:5000/v3"
-    entry = yaml.safe_load(creds["clouds_yaml"])["clouds"][creds["os_cloud"]]
-    assert entry["auth_type"] == "v3applicationcredential"
-    assert entry["scope"] == {"image": two.name}  # what the server was built with
-    # the binding's credential with the openstack CLI: the server, and through the scope the
-    # image it was booted from, which lives in CloudTwo
-    shown = env.openstack(creds["clouds_yaml"], "server", "show", server_id)
-    assert shown.returncode == 0, shown.stderr
-    assert json.loads(shown.stdout)["status"] == "ACTIVE"
-    image = env.openstack(creds["clouds_yaml"], "image", "show", tiny[two.name])
-    assert image.returncode == 0, image.stderr
-    assert json.loads(image.stdout)["id"] == tiny[two.name]
+    # the binding's credential with the openstack CLI, carrying the scope the server was built
+    # with: the server, and through the scope the image it was booted from, in CloudTwo
+    env.server_binding_works(creds, server_id, tiny[two.name], {"image": two.name})
 
     env.unbind(SERVER, iid, binding)
-    refused = env.openstack(creds["clouds_yaml"], "server", "show", server_id)
-    assert refused.returncode != 0  # the credential was revoked
+    assert env.revoked(creds, server_id)
 
     env.deprovision(SERVER, iid)
     assert _tagged(clouds, iid) == {one.name: [], two.name: []}

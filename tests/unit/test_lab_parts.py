@@ -14,6 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -260,11 +261,13 @@ def test_help_texts(capsys):
     assert "--clouds" in out and "--purge" in out and "--services" in out
 
 
-def _call(method: str, url: str, body: object = None) -> tuple[int, dict]:
+def _call(method: str, url: str, body: object = None, token: str | None = None) -> tuple[int, dict]:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["X-Auth-Token"] = token
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with opener.open(req, timeout=5) as resp:
             raw = resp.read()
@@ -398,6 +401,126 @@ def test_network_stand_in_keeps_networks_subnets_and_ports():
     finally:
         server.shutdown()
         server.server_close()
+
+
+class _Keystone(BaseHTTPRequestHandler):
+    """keystone's token validation for a token validating itself: ``tok-<project>`` is a token
+    of that project; anything else is not a token (404, as keystone answers)."""
+
+    asked: list[str] = []
+
+    def do_GET(self) -> None:
+        token, subject = self.headers.get("X-Auth-Token"), self.headers.get("X-Subject-Token")
+        self.asked.append(self.path)
+        if self.path == "/v3/auth/tokens" and token == subject and str(token).startswith("tok-"):
+            body = json.dumps({"token": {"project": {"id": token[4:]}}}).encode()
+            self.send_response(200)
+        else:
+            body = b'{"error": {"code": 404}}'
+            self.send_response(404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_network_stand_in_keeps_security_groups_and_their_rules():
+    """What openstack.cloud's security_group and security_group_rule modules and nova ask: a
+    group made with a token (no project named: the token's, from keystone), found by name in
+    its project as nova looks it up, rules added (a repeated one is 409), shown with the
+    group, removed; a group a port uses cannot go; deleted with its rules."""
+    from scoperouter_lab.netstub import make_server
+
+    keystone = ThreadingHTTPServer(("127.0.0.1", 0), _Keystone)
+    threading.Thread(target=keystone.serve_forever, daemon=True).start()
+    server = make_server(
+        "127.0.0.1", 0, keystone=f"http://127.0.0.1:{keystone.server_address[1]}/v3"
+    )
+    base = f"http://127.0.0.1:{server.server_address[1]}/v2.0"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        made = _call("POST", f"{base}/security-groups",
+                     {"security_group": {"name": "web", "description": "d"}}, "tok-p1")  # fmt: skip
+        assert made[0] == 201, made
+        group = made[1]["security_group"]
+        assert (group["project_id"], group["tenant_id"], group["name"]) == ("p1", "p1", "web")
+        egress = group["security_group_rules"]
+        assert sorted(r["ethertype"] for r in egress) == ["IPv4", "IPv6"]
+        assert {r["direction"] for r in egress} == {"egress"}
+        # the token was asked about once: a second create is answered from memory
+        _call("POST", f"{base}/security-groups", {"security_group": {"name": "x"}}, "tok-p1")
+        assert _Keystone.asked == ["/v3/auth/tokens"]
+        # nova: the group by name among the instance's project's (fields id and name)
+        _, found = _get(f"{base}/security-groups?name=web&tenant_id=p1&fields=id")
+        assert found == {"security_groups": [{"id": group["id"]}]}
+        assert _get(f"{base}/security-groups?name=web&tenant_id=p2")[1] == {"security_groups": []}
+        assert _get(f"{base}/security-groups/web")[0] == 404  # openstacksdk's find: id first
+        rule = {
+            "security_group_id": group["id"],
+            "direction": "ingress",
+            "protocol": "tcp",
+            "port_range_min": 22,
+            "port_range_max": 22,
+            "remote_ip_prefix": "0.0.0.0/0",
+        }
+        status, made = _call("POST", f"{base}/security-group-rules",
+                             {"security_group_rule": rule}, "tok-p1")  # fmt: skip
+        assert status == 201, made
+        added = made["security_group_rule"]
+        assert added["ethertype"] == "IPv4" and added["project_id"] == "p1"
+        again = _call("POST", f"{base}/security-group-rules", {"security_group_rule": rule})
+        assert again[0] == 409 and added["id"] in again[1]["NeutronError"]["message"]
+        wrong = {**rule, "port_range_min": 30, "port_range_max": 20}
+        assert (
+            _call("POST", f"{base}/security-group-rules", {"security_group_rule": wrong})[0] == 400
+        )
+        nowhere = {**rule, "security_group_id": "nope"}
+        assert (
+            _call("POST", f"{base}/security-group-rules", {"security_group_rule": nowhere})[0]
+            == 404
+        )
+        _, shown = _get(f"{base}/security-groups/{group['id']}")
+        ingress = [r for r in shown["security_group"]["security_group_rules"]
+                   if r["direction"] == "ingress"]  # fmt: skip
+        assert [r["id"] for r in ingress] == [added["id"]] and ingress[0]["port_range_min"] == 22
+        assert _get(f"{base}/security-group-rules/{added['id']}")[1]["security_group_rule"] == added
+        listed = _get(
+            f"{base}/security-group-rules?security_group_id={group['id']}&direction=ingress"
+        )
+        assert [r["id"] for r in listed[1]["security_group_rules"]] == [added["id"]]
+        renamed = _call("PUT", f"{base}/security-groups/{group['id']}",
+                        {"security_group": {"description": "new"}})  # fmt: skip
+        assert renamed[1]["security_group"]["description"] == "new"
+        assert _call("DELETE", f"{base}/security-group-rules/{added['id']}")[0] == 204
+        _, shown = _get(f"{base}/security-groups/{group['id']}")
+        assert len(shown["security_group"]["security_group_rules"]) == 2  # the egress rules
+        # nova's port of a server booted in the group: the group stays while the port does
+        net = _get(f"{base}/networks?name=private")[1]["networks"][0]
+        port = _call("POST", f"{base}/ports", {"port": {"network_id": net["id"], "tenant_id": "p1",
+                     "security_groups": [group["id"]]}})[1]["port"]  # fmt: skip
+        assert port["security_groups"] == [group["id"]]
+        assert _call("DELETE", f"{base}/security-groups/{group['id']}")[0] == 409
+        assert _call("DELETE", f"{base}/ports/{port['id']}")[0] == 204
+        assert _call("DELETE", f"{base}/security-groups/{group['id']}")[0] == 204
+        assert _get(f"{base}/security-groups/{group['id']}")[0] == 404
+        assert _get(f"{base}/security-group-rules?security_group_id={group['id']}")[1] == {
+            "security_group_rules": []
+        }  # its rules went with it
+        # a token keystone does not know: 401; a body naming its project needs no token
+        bad = _call("POST", f"{base}/security-groups", {"security_group": {"name": "y"}}, "bad")
+        assert bad[0] == 401
+        named = {"security_group": {"name": "z", "project_id": "p3"}}
+        assert (
+            _call("POST", f"{base}/security-groups", named)[1]["security_group"]["project_id"]
+            == "p3"
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+        keystone.shutdown()
+        keystone.server_close()
 
 
 def test_stop_ignores_a_reused_pid(tmp_path: Path):

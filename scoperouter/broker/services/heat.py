@@ -433,7 +433,8 @@ class HeatService(placed.PlacedService):
         template = self.templates[op.plan.id]
         name = stack_name(op.instance.id)
         try:
-            stack = orchestration.create_stack(
+            stack_id = create_stack(
+                orchestration,
                 name=name,
                 template=template,
                 parameters=stack_parameters(template, self._values(op)),
@@ -450,9 +451,9 @@ class HeatService(placed.PlacedService):
         except exceptions.BadRequestException as exc:  # heat refused the template/parameters
             where = placed.describe(target)
             return Failed(f"heat refused stack {name} in {where}: {error_text(exc)}")
-        op.log.info("created stack %s (%s) in %s", name, stack.id, target["cloud"])
-        op.save(stack_id=stack.id)
-        return orchestration.get_stack(stack.id)
+        op.log.info("created stack %s (%s) in %s", name, stack_id, target["cloud"])
+        op.save(stack_id=stack_id)
+        return orchestration.get_stack(stack_id)
 
     def _record(self, op: OperationContext, stack: Any) -> None:
         if op.progress.get("stack_id") != stack.id:
@@ -486,10 +487,12 @@ class HeatService(placed.PlacedService):
                     f"stack {stack.name} is {stack.status}: waiting", self.spec.poll_seconds
                 )
             template = self.templates[op.plan.id]  # the target plan's
-            orchestration.update_stack(
+            update_stack(
+                orchestration,
                 stack,
                 template=template,
                 parameters=stack_parameters(template, self._values(op)),
+                tags=[BROKER_TAG, instance_tag(op.instance.id)],
                 timeout_mins=_minutes_left(op),
             )
             op.save(sent=True)
@@ -567,21 +570,82 @@ class HeatService(placed.PlacedService):
     # ----------------------------------------------------------------------- inventory
 
     def inventory(self, cloud: str) -> Iterable[Found]:
-        """Stacks carrying the broker's tag in every project of `cloud` (heat's
-        ``global_tenant``: the broker's account needs heat's admin policy, as for servers)."""
-        conn = self.clouds.connect(cloud)
-        response = conn.orchestration.get(
-            "/stacks", params={"global_tenant": "True", "tags": BROKER_TAG}
-        )
-        response.raise_for_status()
-        for stack in response.json().get("stacks", []):
-            yield Found(
-                cloud=cloud,
-                kind="stack",
-                id=str(stack.get("id")),
-                instance_id=owner_of(stack.get("stack_name"), stack.get("tags") or []),
-                name=stack.get("stack_name"),
-            )
+        """Stacks carrying the broker's tag in every project the broker manages in `cloud`
+        (and in its account's own, for ``project: broker``), listed project by project with a
+        token of each: heat's default policy lets nobody list every project's stacks at once
+        (``global_tenant``: ``stacks:global_index`` is ``deny_everybody``)."""
+        projects: list[str | None] = list(placed.managed_projects(self.clouds, cloud))
+        if self.spec.project == "broker":
+            projects.append(None)
+        for project_id in projects:
+            conn = self.clouds.connect(cloud, project_id=project_id)
+            response = conn.orchestration.get("/stacks", params={"tags": BROKER_TAG})
+            response.raise_for_status()
+            for stack in response.json().get("stacks", []):
+                yield Found(
+                    cloud=cloud,
+                    kind="stack",
+                    id=str(stack.get("id")),
+                    instance_id=owner_of(stack.get("stack_name"), stack.get("tags") or []),
+                    name=stack.get("stack_name"),
+                )
+
+
+def create_stack(
+    orchestration: Any,
+    *,
+    name: str,
+    template: Mapping[str, Any],
+    parameters: Mapping[str, Any],
+    tags: Iterable[str],
+    timeout_mins: int,
+    disable_rollback: bool,
+) -> str:
+    """Create a stack (``POST /stacks``); its id. Raises openstacksdk's HTTP exceptions.
+
+    Not openstacksdk's ``create_stack``: its Stack resource sends ``tags`` as a JSON list,
+    and heat's API takes them as one comma-separated string (a list is a 400 without a
+    message: heat's ``'list' object has no attribute 'split'``)."""
+    body = _definition(template, parameters, tags, timeout_mins)
+    body.update(stack_name=name, disable_rollback=disable_rollback)
+    response = _sent(orchestration.post("/stacks", json=body))
+    return str(response.json()["stack"]["id"])
+
+
+def update_stack(
+    orchestration: Any,
+    stack: Any,
+    *,
+    template: Mapping[str, Any],
+    parameters: Mapping[str, Any],
+    tags: Iterable[str],
+    timeout_mins: int,
+) -> None:
+    """Update a stack (``PUT /stacks/<name>/<id>``, heat's whole new definition of it). The
+    tags go again, as for a create: heat keeps only the tags an update gives, and the broker
+    finds its stacks by them (`broker repair`)."""
+    body = _definition(template, parameters, tags, timeout_mins)
+    _sent(orchestration.put(f"/stacks/{stack.name}/{stack.id}", json=body))
+
+
+def _definition(
+    template: Mapping[str, Any], parameters: Mapping[str, Any], tags: Iterable[str], minutes: int
+) -> dict[str, Any]:
+    """What a create and an update send: tags as heat's API takes them."""
+    return {
+        "template": dict(template),
+        "parameters": dict(parameters),
+        "tags": ",".join(tags),
+        "timeout_mins": minutes,
+    }
+
+
+def _sent(response: Any) -> Any:
+    """`response`, or openstacksdk's exception for heat's error answer."""
+    from openstack import exceptions
+
+    exceptions.raise_from_response(response)
+    return response
 
 
 _EMPTY: dict[str, Any] = {

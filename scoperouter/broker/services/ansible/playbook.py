@@ -5,6 +5,9 @@
   clouds.yaml (files 0600, never on a command line), ansible-runner's artifacts. It is removed
   when the run ends, whatever the outcome; one a killed broker left is removed before the
   operation's next run.
+- **The modules' interpreter**: the broker's Python, through a wrapper that puts a
+  ``sitecustomize`` on its path giving ``openstack.version`` back to openstack.cloud 2.5.0,
+  which reads it in every module (openstacksdk 4.15 removed it).
 - **The environment**: the broker's, without its own secrets (``SCOPEROUTER_BROKER_*``) and
   without any ``OS_*`` variable of whoever started it; ``OS_CLIENT_CONFIG_FILE`` and
   ``OS_CLOUD=osb`` name the run's clouds.yaml, so ``openstack.cloud`` modules need no ``cloud:``.
@@ -34,6 +37,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
 import stat
@@ -66,6 +70,33 @@ if ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0
 if os.getppid() != parent:
     sys.exit("the broker is gone")
 os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+# The modules' interpreter: the broker's Python with COMPAT on its path (a shell script, so
+# only module processes load it, not ansible-playbook itself).
+INTERPRETER = """\
+#!/bin/sh
+PYTHONPATH={compat}${{PYTHONPATH:+:$PYTHONPATH}} exec {python} "$@"
+"""
+# openstack.cloud 2.5.0 (the collection of the community package ansible 12.3.0, the last for
+# Python 3.11) reads `openstack.version.__version__` in every module, a module openstacksdk
+# 4.15 removed: each failed with "module 'openstack' has no attribute 'version'". Python
+# imports sitecustomize at start: it gives the attribute back, with the installed version.
+COMPAT = """\
+\"\"\"openstack.version for openstack.cloud 2.5.0's modules (scoperouter broker).\"\"\"
+try:
+    import openstack
+except ImportError:
+    openstack = None
+if openstack is not None and not hasattr(openstack, "version"):
+    import importlib.metadata
+    import sys
+    import types
+
+    _version = types.ModuleType("openstack.version")
+    _version.__version__ = importlib.metadata.version("openstacksdk")
+    openstack.version = _version
+    sys.modules.setdefault("openstack.version", _version)
 """
 
 _KEYED_SECRET = re.compile(
@@ -191,7 +222,16 @@ class Playbooks:
         pdd.mkdir(mode=0o700)
         (pdd / "inventory").mkdir(mode=0o700)
         (pdd / "env").mkdir(mode=0o700)
-        interpreter = sys.executable
+        (pdd / "compat").mkdir(mode=0o700)
+        _write(pdd / "compat" / "sitecustomize.py", COMPAT)
+        interpreter = pdd / "python"
+        _write(
+            interpreter,
+            INTERPRETER.format(
+                compat=shlex.quote(str(pdd / "compat")), python=shlex.quote(sys.executable)
+            ),
+        )
+        os.chmod(interpreter, stat.S_IRWXU)
         _write(
             pdd / "inventory" / "hosts",
             f"localhost ansible_connection=local ansible_python_interpreter={interpreter}\n",
