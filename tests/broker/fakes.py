@@ -4,7 +4,10 @@ resource, named by the instance or binding id (the tag a real service puts on wh
 It behaves like a real service where the broker's correctness depends on it: every pass looks
 up before it creates (so a re-run after a crash finds what a dead pass built), a provision takes
 several passes (``parameters.steps``), a pass can be slow (``parameters.sleep``: seconds, so a
-test can SIGKILL the broker in the middle) and can fail (``parameters.fail``).
+test can SIGKILL the broker in the middle; ``sleep_after`` once the resource exists,
+``deprovision_sleep``, a binding's ``unbind_sleep``) and can fail (``parameters.fail``). The
+folder's ``journal`` has a line per create and delete (``create``/``delete`` of an instance,
+``create-binding``/``delete-binding``) and per provision pass.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ BIND_SCHEMA = {
         "peer": {"type": "string"},
         "sleep": {"type": "number", "minimum": 0},
         "sleep_after": {"type": "number", "minimum": 0},
+        "unbind_sleep": {"type": "number", "minimum": 0},
         "fail": {"type": "boolean"},
     },
     "additionalProperties": False,
@@ -179,6 +183,7 @@ class FakeService(Service):
         path = self._file("binding", op.binding.id)
         if path.exists():  # a dead pass made one whose secret is lost: replace it
             path.unlink()
+            self._log("delete-binding", op.binding.id)
         secret = secrets.token_hex(16)
         path.write_text(secret)
         self._log("create-binding", op.binding.id)
@@ -191,9 +196,11 @@ class FakeService(Service):
 
     def unbind(self, op: OperationContext) -> Outcome:
         assert op.binding is not None
+        time.sleep(float(op.parameters.get("unbind_sleep", 0)))
         path = self._file("binding", op.binding.id)
         if path.exists():
             path.unlink()
+            self._log("delete-binding", op.binding.id)
         return Done("unbound")
 
     def inventory_clouds(self) -> list[str]:

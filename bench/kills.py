@@ -1,0 +1,647 @@
+"""``python -m bench.kills``: the broker SIGKILLed at random points of its operations.
+
+    python -m bench.kills                     # 50 kills on SQLite, then 50 on PostgreSQL
+    python -m bench.kills --smoke             # 10 kills on each (.ci/run)
+    python -m bench.kills --db postgresql --kills 20 --seed 7 --json kills.json
+
+Real ``scoperouter broker serve`` processes (tests/broker/procs.py) with the fake service of
+the broker's tests, whose "cloud" is a folder (tests/broker/fakes.py: one file per resource, a
+journal of every create and delete). On SQLite one broker, restarted right after each kill; on
+PostgreSQL (a throwaway cluster on loopback, tests/broker/pg.py) two replicas, the killed one
+restarted while the other may pick the operation up. A platform (:class:`Platform`) sends
+provision, update, bind, unbind and deprovision as Cloud Foundry does (asynchronous, then
+``last_operation`` polled; a request whose connection died is sent again, to the other replica
+when there is one; an async binding's credentials fetched once it succeeded).
+
+Each kill targets one operation, of the kind with the fewest kills so far: its request is sent,
+and after a random delay (seeded: ``--seed`` replays the same operations, parameters and
+delays) the broker that holds the operation's lease (else the one the request went to) gets
+SIGKILL. Where the kill fell is read from the store just before it: in the request, in a pass,
+between passes, in the other replica's pass, after the operation. A few instances with a binding
+are made first, without kills, and never deleted, so the end state has live records to lose.
+
+After the run the brokers are stopped and the store, the cloud's folder and the platform's view
+are compared (:mod:`bench.kills_verdict`): 0 lost records, 0 duplicates, 0 orphans, 0 operations
+left in progress, every interrupted operation ``succeeded``. PASS or MISS per database; exit
+status 1 on a MISS. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.kills_verdict import (
+    Kill,
+    Observed,
+    OpResult,
+    PlatformBinding,
+    PlatformView,
+    observe,
+    scan_log,
+    verdicts,
+    where_counts,
+)
+from bench.machine import machine_context
+from bench.report import Target, mark, table, targets_table
+from scoperouter.broker import migrate
+from scoperouter.broker.osbclient import Answer, OSBClient
+from scoperouter.broker.store import IN_PROGRESS, Store
+from tests.broker import fakes
+from tests.broker.pg import Cluster, free_port
+
+with warnings.catch_warnings():  # the tests' conftest imports FastAPI's TestClient: not used
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from tests.broker.conftest import PASSWORD
+    from tests.broker.procs import BrokerProcess, write_config
+
+S, P = fakes.SERVICE_ID, fakes.PLAN_ID
+KINDS = ("provision", "update", "bind", "unbind", "deprovision")
+DATABASES = ("sqlite", "postgresql")
+REQUEST_SHARE = 0.15  # kills aimed at the request itself (within its first 50 ms)
+POLL_MAX = 0.5  # the platform polls at most this far apart (Retry-After is honoured below it)
+
+
+def say(message: str) -> None:
+    print(f"[kills] {message}", file=sys.stderr, flush=True)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.kills",
+        description="The broker SIGKILLed at random points of provision, update, bind, unbind "
+        "and deprovision, on SQLite and on PostgreSQL with two replicas: nothing lost, "
+        "duplicated, orphaned or left in progress (bench/README.md).",
+    )
+    parser.add_argument("--smoke", action="store_true", help="the CI-sized run: 10 kills each")
+    parser.add_argument("--kills", type=int, help="SIGKILLs per database (50; smoke 10)")
+    parser.add_argument(
+        "--seed", type=int, help="of the operations, parameters and kill points (default: new)"
+    )
+    parser.add_argument("--db", choices=[*DATABASES, "both"], default="both")
+    parser.add_argument(
+        "--lease", type=float, default=2.0, help="the brokers' lease, seconds (heartbeat 1/3)"
+    )
+    parser.add_argument(
+        "--op-timeout", type=float, default=120.0, help="the platform gives up on an operation"
+    )
+    parser.add_argument("--json", metavar="FILE", help="also write every kill and operation")
+    parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, cloud)")
+    args = parser.parse_args(argv)
+    if args.kills is None:
+        args.kills = 10 if args.smoke else 50
+    if args.seed is None:
+        args.seed = int(time.time()) % 1_000_000
+    if args.kills < 1 or args.lease <= 1:
+        parser.error("--kills must be >= 1 and --lease > 1")
+    return args
+
+
+# ----------------------------------------------------------------------------- brokers
+
+
+class Deployment:
+    """The brokers of one database: one on SQLite, two replicas on PostgreSQL."""
+
+    def __init__(self, db: str, url: str, workdir: Path, lease: float) -> None:
+        self.db = db
+        self.url = url
+        self.state = workdir / "cloud"
+        self.workdir = workdir
+        config = write_config(workdir / "broker.yaml", url, self.state, lease=lease, threads=2)
+        names = ["broker"] if db == "sqlite" else ["replica0", "replica1"]
+        self.brokers = {
+            name: BrokerProcess(config, workdir / f"{name}.log", listen=f"127.0.0.1:{free_port()}")
+            for name in names
+        }
+        self.store = Store(url)
+
+    def start(self) -> None:
+        for broker in self.brokers.values():
+            broker.start()
+
+    def urls(self) -> list[str]:
+        return [b.url for b in self.brokers.values()]
+
+    def pid(self, name: str) -> int:
+        return self.brokers[name].pid
+
+    def kill(self, name: str) -> bool:
+        """SIGKILL the broker's process group; whether a live process died of it."""
+        broker = self.brokers[name]
+        assert broker.proc is not None
+        alive = broker.proc.poll() is None
+        broker.kill()
+        return alive and broker.proc.returncode == -signal.SIGKILL
+
+    def restart(self, name: str, kill: Kill) -> None:
+        old = self.brokers[name]
+        started = time.monotonic()
+        self.brokers[name] = BrokerProcess(old.config, old.log, listen=old.listen).start()
+        kill.restart_s = round(time.monotonic() - started, 2)
+
+    def stop(self) -> None:
+        for broker in self.brokers.values():
+            broker.stop()
+
+    def log_problems(self) -> dict[str, list[str]]:
+        out = {}
+        for name, broker in self.brokers.items():
+            with contextlib.suppress(OSError):
+                out[name] = scan_log(broker.log.read_text(errors="replace"))
+        return out
+
+    def close(self) -> None:
+        self.stop()
+        self.store.dispose()
+
+
+# ---------------------------------------------------------------------------- platform
+
+
+class PlatformGaveUp(RuntimeError):
+    pass
+
+
+@dataclass
+class InFlight:
+    """What the kill thread may know of the operation the platform is running."""
+
+    answered: threading.Event = field(default_factory=threading.Event)
+    operation: str | None = None
+    target: int = 0  # the broker (index) the request was last sent to
+
+
+class Platform:
+    """What Cloud Foundry does with a broker: async requests, ``last_operation`` polled, a
+    request whose connection failed sent again (to the next broker: a load balancer)."""
+
+    def __init__(self, urls: list[str], timeout: float) -> None:
+        self.clients = [OSBClient(u, "broker", PASSWORD, timeout=30) for u in urls]
+        self.turn = 0
+        self.timeout = timeout
+        self.view = PlatformView()
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+
+    def _call(self, flight: InFlight, name: str, *args: Any, **kwargs: Any) -> Answer:
+        end = time.monotonic() + self.timeout
+        while True:
+            index = self.turn % len(self.clients)
+            flight.target = index
+            try:
+                return getattr(self.clients[index], name)(*args, **kwargs)  # type: ignore[no-any-return]
+            except httpx.TransportError:
+                if time.monotonic() > end:
+                    raise PlatformGaveUp(f"{name}: no broker answered") from None
+                self.turn += 1
+                time.sleep(0.2)
+
+    def _poll(self, flight: InFlight, instance: str, binding: str | None) -> tuple[str, str]:
+        end = time.monotonic() + self.timeout
+        while True:
+            answer = self._call(flight, "last_operation", instance, flight.operation, binding)
+            if answer.status == 410:
+                return "gone", ""
+            if answer.status != 200 or not isinstance(answer.body, dict):
+                return "error", f"last_operation answered {answer.status}: {answer.body}"
+            state = str(answer.body.get("state"))
+            if state != IN_PROGRESS:
+                return state, str(answer.body.get("description", ""))
+            if time.monotonic() > end:
+                return "timeout", str(answer.body.get("description", ""))
+            try:
+                delay = float(answer.headers.get("retry-after", "1"))
+            except ValueError:
+                delay = 1.0
+            time.sleep(max(0.05, min(delay, POLL_MAX)))
+
+    def run(self, kind: str, spec: dict[str, Any], flight: InFlight) -> OpResult:
+        instance, binding = spec["instance"], spec.get("binding")
+        started = time.monotonic()
+        result = OpResult(kind, instance, binding, None, "error")
+        try:
+            result.state, result.description = self._run(kind, spec, flight)
+        except PlatformGaveUp as exc:
+            result.state, result.description = "timeout", str(exc)
+        result.operation = flight.operation
+        result.seconds = round(time.monotonic() - started, 2)
+        return result
+
+    def _run(self, kind: str, spec: dict[str, Any], flight: InFlight) -> tuple[str, str]:
+        instance, binding = str(spec["instance"]), str(spec.get("binding", ""))
+        params = spec.get("parameters")
+        view = self.view
+        if kind == "provision":
+            answer = self._call(flight, "provision", instance, S, P, params)
+        elif kind == "update":
+            answer = self._call(flight, "update", instance, S, None, params)
+        elif kind == "bind":
+            answer = self._call(flight, "bind", instance, binding, S, P, params)
+        elif kind == "unbind":
+            answer = self._call(flight, "unbind", instance, binding, S, P)
+        else:
+            answer = self._call(flight, "deprovision", instance, S, P)
+        flight.operation = answer.operation
+        flight.answered.set()
+        if answer.status == 202:
+            state, description = self._poll(
+                flight, instance, binding if kind in ("bind", "unbind") else None
+            )
+        elif answer.status in (200, 201):
+            state, description = "succeeded", "answered at once"
+        elif answer.status == 410 and kind in ("unbind", "deprovision"):
+            state, description = "gone", ""
+        else:
+            return "error", f"{kind} answered {answer.status}: {answer.body}"
+        done = state == "succeeded" or (state == "gone" and kind in ("unbind", "deprovision"))
+        if kind == "provision" and state in ("succeeded", "failed"):
+            view.instances[instance] = True  # a failed one exists until the platform deletes it
+        elif kind == "bind" and state == "succeeded":
+            creds = answer.body.get("credentials") if answer.status in (200, 201) else None
+            if creds is None:
+                got = self._call(flight, "get_binding", instance, binding)
+                creds = got.body.get("credentials") if isinstance(got.body, dict) else None
+            password = creds.get("password") if isinstance(creds, dict) else None
+            view.bindings[binding] = PlatformBinding(instance, True, password)
+        elif kind == "bind" and state == "failed":
+            view.bindings[binding] = PlatformBinding(instance, True, None)
+        elif kind == "unbind" and done:
+            view.bindings[binding].exists = False
+        elif kind == "deprovision" and done:
+            view.instances[instance] = False
+            for b in view.bindings.values():
+                if b.instance_id == instance:
+                    b.exists = False
+        return state, description
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+class Planner:
+    """The operations and kill points, drawn from one seeded generator in a fixed order."""
+
+    def __init__(self, rng: random.Random, view: PlatformView) -> None:
+        self.rng = rng
+        self.view = view
+        self.kept: set[str] = set()  # the set-up's instances and bindings: never deleted
+        self.sizes: dict[str, int] = {}
+        self.killed: dict[str, int] = dict.fromkeys(KINDS, 0)
+        self.params: dict[str, dict[str, Any]] = {}
+        self.count = 0
+
+    def new_id(self, prefix: str) -> str:
+        self.count += 1
+        return f"{prefix}{self.count:03d}"
+
+    def provision_params(self, quick: bool = False) -> dict[str, Any]:
+        r = self.rng
+        if quick:
+            return {"size": 1}
+        return {
+            "size": 1,
+            "steps": r.randint(1, 3),
+            "sleep": round(r.uniform(0.05, 0.4), 3),
+            "sleep_after": round(r.uniform(0.0, 0.4), 3),
+            "deprovision_sleep": round(r.uniform(0.1, 0.6), 3),
+        }
+
+    def bind_params(self, quick: bool = False) -> dict[str, Any]:
+        r = self.rng
+        if quick:
+            return {}
+        return {
+            "sleep": round(r.uniform(0.05, 0.4), 3),
+            "sleep_after": round(r.uniform(0.0, 0.4), 3),
+            "unbind_sleep": round(r.uniform(0.1, 0.5), 3),
+        }
+
+    def next(self) -> tuple[str, dict[str, Any], float]:
+        """The next killed operation: (kind, spec, how long it should take, seconds)."""
+        r = self.rng
+        provisioned = sorted(i for i in self.view.live_instances())
+        deletable = [i for i in provisioned if i not in self.kept]
+        bound = sorted(b for b in self.view.live_bindings() if b not in self.kept)
+        possible = ["provision"]
+        possible += ["update", "bind"] if provisioned else []
+        possible += ["deprovision"] if deletable else []
+        possible += ["unbind"] if bound else []
+        least = min(self.killed[k] for k in possible)
+        kind = r.choice([k for k in possible if self.killed[k] == least])
+        self.killed[kind] += 1
+        if kind == "provision":
+            instance = self.new_id("i")
+            params = self.provision_params()
+            self.params[instance] = params
+            self.sizes[instance] = 1
+            window = params["steps"] * (params["sleep"] + 0.05) + params["sleep_after"]
+            return kind, {"instance": instance, "parameters": params}, window
+        if kind == "update":
+            instance = r.choice(provisioned)
+            size = self.sizes.get(instance, 1) + r.randint(1, 9)
+            self.sizes[instance] = size
+            sleep = float(self.params.get(instance, {}).get("sleep", 0.0))
+            return kind, {"instance": instance, "parameters": {"size": size}}, sleep
+        if kind == "bind":
+            instance = r.choice(provisioned)
+            binding = self.new_id("b")
+            params = self.bind_params()
+            self.params[binding] = params
+            window = params["sleep"] + params["sleep_after"]
+            return kind, {"instance": instance, "binding": binding, "parameters": params}, window
+        if kind == "unbind":
+            binding = r.choice(bound)
+            instance = self.view.bindings[binding].instance_id
+            window = float(self.params.get(binding, {}).get("unbind_sleep", 0.0))
+            return kind, {"instance": instance, "binding": binding}, window
+        instance = r.choice(deletable)
+        window = float(self.params.get(instance, {}).get("deprovision_sleep", 0.0))
+        return kind, {"instance": instance}, window
+
+    def kill_delay(self, window: float) -> tuple[float, float]:
+        """(seconds after the request is sent, a draw to pick a replica when nothing else
+        does): a share of the kills within the request's first 50 ms, the rest anywhere in
+        the operation (and a little after)."""
+        u, d, pick = self.rng.random(), self.rng.random(), self.rng.random()
+        if u < REQUEST_SHARE:
+            return d * 0.05, pick
+        return d * (window + 0.1), pick
+
+
+# ------------------------------------------------------------------------------ the run
+
+
+@dataclass
+class DbRun:
+    db: str
+    kills: list[Kill] = field(default_factory=list)
+    results: list[OpResult] = field(default_factory=list)
+    observed: Observed | None = None
+    rows: list[Target] = field(default_factory=list)
+    log_problems: dict[str, list[str]] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+
+class KillRun:
+    def __init__(self, deploy: Deployment, args: argparse.Namespace, seed: int) -> None:
+        self.deploy = deploy
+        self.args = args
+        self.platform = Platform(deploy.urls(), args.op_timeout)
+        self.planner = Planner(random.Random(seed), self.platform.view)
+        self.out = DbRun(deploy.db)
+
+    def setup(self) -> None:
+        """A few instances with a binding each, without kills, kept to the end."""
+        for _ in range(max(2, self.args.kills // 10)):
+            instance = self.planner.new_id("keep-i")
+            binding = self.planner.new_id("keep-b")
+            self.planner.kept |= {instance, binding}
+            spec = {"instance": instance, "parameters": self.planner.provision_params(quick=True)}
+            self._unkilled("provision", spec)
+            spec = {"instance": instance, "binding": binding, "parameters": {}}
+            self._unkilled("bind", spec)
+
+    def _unkilled(self, kind: str, spec: dict[str, Any]) -> OpResult:
+        result = self.platform.run(kind, spec, InFlight())
+        self.out.results.append(result)
+        return result
+
+    def one_kill(self, index: int) -> None:
+        kind, spec, window = self.planner.next()
+        delay, pick = self.planner.kill_delay(window)
+        flight = InFlight()
+        box: list[OpResult] = []
+        thread = threading.Thread(
+            target=lambda: box.append(self.platform.run(kind, spec, flight)), daemon=True
+        )
+        started = time.monotonic()
+        thread.start()
+        time.sleep(max(0.0, started + delay - time.monotonic()))
+        names = list(self.deploy.brokers)
+        target, where = self._aim(flight, names, pick)
+        kill = Kill(index, kind, target, round(delay, 3), where, self.deploy.pid(target))
+        kill.died = self.deploy.kill(target)
+        self.out.kills.append(kill)
+        # from this (the main) thread: a broker dies with the thread that started it
+        # (PR_SET_PDEATHSIG, tests/broker/procs.py); the other replica works meanwhile
+        self.deploy.restart(target, kill)
+        thread.join(self.args.op_timeout * 3)
+        result = (
+            box[0]
+            if box
+            else OpResult(
+                kind,
+                spec["instance"],
+                spec.get("binding"),
+                flight.operation,
+                "timeout",
+                "the platform thread did not end",
+            )
+        )
+        result.killed = True
+        self.out.results.append(result)
+        what = spec.get("binding") or spec["instance"]
+        say(
+            f"{self.deploy.db} kill {index + 1}/{self.args.kills}: {kind} {what} at {delay:.2f} s"
+            f" ({where}, {target}): {result.state} in {result.seconds:.1f} s"
+        )
+        self._mitigate(kind, spec, result)
+
+    def _aim(self, flight: InFlight, names: list[str], pick: float) -> tuple[str, str]:
+        """Which broker to kill and where the kill falls, from the store just before."""
+        fallback = names[int(pick * len(names)) % len(names)]
+        if not flight.answered.is_set():
+            return names[flight.target % len(names)], "in the request"
+        if flight.operation is None:
+            return fallback, "after the operation"
+        with self.deploy.store.read() as session:
+            op = self.deploy.store.operation(session, flight.operation)
+            state = op.state if op is not None else None
+            owner = op.lease_owner if op is not None else None
+        if state != IN_PROGRESS:
+            return fallback, "after the operation"
+        if owner is None:
+            return fallback, "between passes"
+        pid = int(owner.rsplit(":", 2)[-2])
+        for name in names:
+            if self.deploy.pid(name) == pid:
+                return name, "in a pass"
+        return fallback, "in the other replica's pass"
+
+    def _mitigate(self, kind: str, spec: dict[str, Any], result: OpResult) -> None:
+        """A platform deletes what failed to be made (OSB orphan mitigation)."""
+        if result.state != "failed":
+            return
+        if kind == "provision":
+            self._unkilled("deprovision", {"instance": spec["instance"]})
+        elif kind == "bind":
+            self._unkilled("unbind", {"instance": spec["instance"], "binding": spec["binding"]})
+
+    def run(self) -> DbRun:
+        started = time.monotonic()
+        try:
+            self.setup()
+            for index in range(self.args.kills):
+                self.one_kill(index)
+        finally:
+            self.platform.close()
+            self.deploy.stop()  # SIGTERM: nothing moves while the store and cloud are read
+        self.out.observed = observe(self.deploy.store, self.deploy.state)
+        self.out.log_problems = self.deploy.log_problems()
+        self.out.rows = verdicts(
+            self.platform.view,
+            self.out.results,
+            self.out.observed,
+            self.out.kills,
+            self.args.kills,
+            self.out.log_problems,
+        )
+        self.out.elapsed_s = round(time.monotonic() - started, 1)
+        return self.out
+
+
+def database_url(db: str, workdir: Path, cluster: Cluster | None) -> str:
+    if db == "sqlite":
+        url = f"sqlite:///{workdir / 'broker.db'}"
+    else:
+        assert cluster is not None
+        url = cluster.url(cluster.new_database())
+    migrate.upgrade(url)
+    return url
+
+
+def run_database(db: str, args: argparse.Namespace, root: Path) -> DbRun:
+    workdir = root / db
+    workdir.mkdir()
+    cluster = None
+    try:
+        if db == "postgresql":
+            say("starting a throwaway PostgreSQL cluster on loopback")
+            cluster = Cluster()
+            cluster.start()
+        deploy = Deployment(db, database_url(db, workdir, cluster), workdir, args.lease)
+        try:
+            say(f"{db}: starting {len(deploy.brokers)} broker process(es)")
+            deploy.start()
+            return KillRun(deploy, args, args.seed).run()
+        finally:
+            deploy.close()
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+# ---------------------------------------------------------------------------- reporting
+
+TITLES = {
+    "sqlite": "SQLite: one broker, restarted after each kill",
+    "postgresql": "PostgreSQL: two replicas, the killed one restarted while the other works",
+}
+
+
+def render(run: DbRun) -> str:
+    lines = [f"== {TITLES[run.db]} ==", ""]
+    by_kind = {k: sum(1 for x in run.kills if x.kind == k) for k in KINDS}
+    lines.append("kills by kind:     " + ", ".join(f"{k} {n}" for k, n in by_kind.items()))
+    lines.append(
+        "where they fell:   " + ", ".join(f"{w} {n}" for w, n in where_counts(run.kills).items())
+    )
+    interrupted = [r.seconds for r in run.results if r.killed]
+    restarts = [k.restart_s for k in run.kills if k.restart_s is not None]
+    if interrupted:
+        lines.append(
+            f"interrupted operations: median {statistics.median(interrupted):.1f} s, "
+            f"max {max(interrupted):.1f} s from request to final state "
+            f"(broker restart median {statistics.median(restarts) if restarts else 0:.1f} s)"
+        )
+    states = {r.state for r in run.results}
+    lines.append(
+        f"operations: {len(run.results)} ("
+        + ", ".join(f"{s} {sum(1 for r in run.results if r.state == s)}" for s in sorted(states))
+        + f"); {run.elapsed_s:.0f} s"
+    )
+    lines += ["", targets_table(run.rows)]
+    return "\n".join(lines)
+
+
+def as_json(runs: list[DbRun], args: argparse.Namespace, context: dict[str, Any]) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {
+        "context": context,
+        "args": vars(args),
+        "databases": {
+            run.db: {
+                "verdicts": [
+                    {"name": r.name, "goal": r.goal, "measured": r.measured, "result": mark(r.ok)}
+                    for r in run.rows
+                ],
+                "where": where_counts(run.kills),
+                "kills": [asdict(k) for k in run.kills],
+                "operations": [asdict(r) for r in run.results],
+                "observed": asdict(run.observed) if run.observed else None,
+                "log_problems": run.log_problems,
+                "elapsed_s": run.elapsed_s,
+            }
+            for run in runs
+        },
+    }
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_interrupt)
+    dbs = list(DATABASES) if args.db == "both" else [args.db]
+    say(f"seed {args.seed} (replay: --seed {args.seed}), {args.kills} kills on {' and '.join(dbs)}")
+    context = machine_context()
+    say(f"load average {context['loadavg_before']}, {context['busy_pct_before']:.0f}% busy")
+    root = Path(tempfile.mkdtemp(prefix="bench-kills-"))
+    runs: list[DbRun] = []
+    try:
+        for db in dbs:
+            runs.append(run_database(db, args, root))
+    except KeyboardInterrupt:
+        say("interrupted: the brokers and the cluster are stopped")
+        return 130
+    finally:
+        if args.keep:
+            say(f"work dir kept: {root}")
+        else:
+            import shutil
+
+            shutil.rmtree(root, ignore_errors=True)
+    for run in runs:
+        print(render(run) + "\n")
+    summary = [[run.db, mark(all(r.ok is not False for r in run.rows))] for run in runs]
+    print(table(["database", "result"], summary))
+    print(f"\n(seed {args.seed}; load average before: {context['loadavg_before']})")
+    if args.json:
+        Path(args.json).write_text(json.dumps(as_json(runs, args, context), indent=1, default=str))
+        say(f"written to {args.json}")
+    return 1 if any(r.ok is False for run in runs for r in run.rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
