@@ -313,8 +313,8 @@ class Planner:
 
     def provision_params(self, quick: bool = False) -> dict[str, Any]:
         r = self.rng
-        if quick:
-            return {"size": 1}
+        if quick:  # one pass, no wait after the create; its updates still take a while
+            return {"size": 1, "sleep": round(r.uniform(0.05, 0.4), 3)}
         return {
             "size": 1,
             "steps": r.randint(1, 3),
