@@ -8,7 +8,8 @@ Real ``scoperouter broker serve`` processes (tests/broker/procs.py) with the fak
 the broker's tests, whose "cloud" is a folder (tests/broker/fakes.py: one file per resource, a
 journal of every create and delete). On SQLite one broker, restarted right after each kill; on
 PostgreSQL (a throwaway cluster on loopback, tests/broker/pg.py) two replicas, the killed one
-restarted while the other may pick the operation up. A platform (:class:`Platform`) sends
+restarted while the other may pick the operation up (30 % of the kills take both replicas at
+once: then a restarted one must). A platform (:class:`Platform`) sends
 provision, update, bind, unbind and deprovision as Cloud Foundry does (asynchronous, then
 ``last_operation`` polled; a request whose connection died is sent again, to the other replica
 when there is one; an async binding's credentials fetched once it succeeded).
@@ -39,6 +40,7 @@ import tempfile
 import threading
 import time
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +53,7 @@ from bench.kills_verdict import (
     OpResult,
     PlatformBinding,
     PlatformView,
+    finisher,
     observe,
     scan_log,
     verdicts,
@@ -73,6 +76,9 @@ S, P = fakes.SERVICE_ID, fakes.PLAN_ID
 KINDS = ("provision", "update", "bind", "unbind", "deprovision")
 DATABASES = ("sqlite", "postgresql")
 REQUEST_SHARE = 0.15  # kills aimed at the request itself (within its first 50 ms)
+# PostgreSQL: kills that take every replica at once (a restarted one must then finish the
+# operation; otherwise the other replica, up all along, takes it as soon as the lease expires)
+EVERY_REPLICA_SHARE = 0.3
 POLL_MAX = 0.5  # the platform polls at most this far apart (Retry-After is honoured below it)
 
 
@@ -148,22 +154,23 @@ class Deployment:
         broker.kill()
         return alive and broker.proc.returncode == -signal.SIGKILL
 
-    def restart(self, name: str, kill: Kill) -> None:
+    def restart(self, name: str) -> None:
         old = self.brokers[name]
-        started = time.monotonic()
         self.brokers[name] = BrokerProcess(old.config, old.log, listen=old.listen).start()
-        kill.restart_s = round(time.monotonic() - started, 2)
 
     def stop(self) -> None:
         for broker in self.brokers.values():
             broker.stop()
 
-    def log_problems(self) -> dict[str, list[str]]:
+    def logs(self) -> dict[str, str]:
         out = {}
         for name, broker in self.brokers.items():
             with contextlib.suppress(OSError):
-                out[name] = scan_log(broker.log.read_text(errors="replace"))
+                out[name] = broker.log.read_text(errors="replace")
         return out
+
+    def log_problems(self) -> dict[str, list[str]]:
+        return {name: scan_log(text) for name, text in self.logs().items()}
 
     def close(self) -> None:
         self.stop()
@@ -375,14 +382,15 @@ class Planner:
         window = float(self.params.get(instance, {}).get("deprovision_sleep", 0.0))
         return kind, {"instance": instance}, window
 
-    def kill_delay(self, window: float) -> tuple[float, float]:
+    def kill_delay(self, window: float) -> tuple[float, float, bool]:
         """(seconds after the request is sent, a draw to pick a replica when nothing else
-        does): a share of the kills within the request's first 50 ms, the rest anywhere in
-        the operation (and a little after)."""
+        does, whether every replica goes): a share of the kills within the request's first
+        50 ms, the rest anywhere in the operation (and a little after)."""
         u, d, pick = self.rng.random(), self.rng.random(), self.rng.random()
+        every = self.rng.random() < EVERY_REPLICA_SHARE
         if u < REQUEST_SHARE:
-            return d * 0.05, pick
-        return d * (window + 0.1), pick
+            return d * 0.05, pick, every
+        return d * (window + 0.1), pick, every
 
 
 # ------------------------------------------------------------------------------ the run
@@ -425,7 +433,7 @@ class KillRun:
 
     def one_kill(self, index: int) -> None:
         kind, spec, window = self.planner.next()
-        delay, pick = self.planner.kill_delay(window)
+        delay, pick, every = self.planner.kill_delay(window)
         flight = InFlight()
         box: list[OpResult] = []
         thread = threading.Thread(
@@ -436,12 +444,18 @@ class KillRun:
         time.sleep(max(0.0, started + delay - time.monotonic()))
         names = list(self.deploy.brokers)
         target, where = self._aim(flight, names, pick)
-        kill = Kill(index, kind, target, round(delay, 3), where, self.deploy.pid(target))
-        kill.died = self.deploy.kill(target)
+        targets = [target] + ([n for n in names if n != target] if every else [])
+        kill = Kill(index, kind, "+".join(targets), round(delay, 3), where)
+        kill.pids = [self.deploy.pid(t) for t in targets]
+        kill.at = time.time()
+        kill.died = all([self.deploy.kill(t) for t in targets])
         self.out.kills.append(kill)
         # from this (the main) thread: a broker dies with the thread that started it
         # (PR_SET_PDEATHSIG, tests/broker/procs.py); the other replica works meanwhile
-        self.deploy.restart(target, kill)
+        started = time.monotonic()
+        for t in targets:
+            self.deploy.restart(t)
+        kill.restart_s = round(time.monotonic() - started, 2)
         thread.join(self.args.op_timeout * 3)
         result = (
             box[0]
@@ -456,11 +470,12 @@ class KillRun:
             )
         )
         result.killed = True
+        kill.operation = result.operation
         self.out.results.append(result)
         what = spec.get("binding") or spec["instance"]
         say(
             f"{self.deploy.db} kill {index + 1}/{self.args.kills}: {kind} {what} at {delay:.2f} s"
-            f" ({where}, {target}): {result.state} in {result.seconds:.1f} s"
+            f" ({where}, {kill.target}): {result.state} in {result.seconds:.1f} s"
         )
         self._mitigate(kind, spec, result)
 
@@ -505,6 +520,9 @@ class KillRun:
             self.deploy.stop()  # SIGTERM: nothing moves while the store and cloud are read
         self.out.observed = observe(self.deploy.store, self.deploy.state)
         self.out.log_problems = self.deploy.log_problems()
+        logs = self.deploy.logs()
+        for kill in self.out.kills:
+            kill.finished_by = finisher(kill, logs)
         self.out.rows = verdicts(
             self.platform.view,
             self.out.results,
@@ -552,7 +570,7 @@ def run_database(db: str, args: argparse.Namespace, root: Path) -> DbRun:
 
 TITLES = {
     "sqlite": "SQLite: one broker, restarted after each kill",
-    "postgresql": "PostgreSQL: two replicas, the killed one restarted while the other works",
+    "postgresql": "PostgreSQL: two replicas; a kill takes one (the other works on) or both",
 }
 
 
@@ -563,6 +581,8 @@ def render(run: DbRun) -> str:
     lines.append(
         "where they fell:   " + ", ".join(f"{w} {n}" for w, n in where_counts(run.kills).items())
     )
+    finished = Counter(k.finished_by for k in run.kills)
+    lines.append("finished by:       " + ", ".join(f"{w} {n}" for w, n in finished.most_common()))
     interrupted = [r.seconds for r in run.results if r.killed]
     restarts = [k.restart_s for k in run.kills if k.restart_s is not None]
     if interrupted:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -91,12 +92,19 @@ class OpResult:
 class Kill:
     index: int
     kind: str
-    target: str  # which broker process: "broker" (SQLite), "replica0"/"replica1"
+    target: str  # which broker: "broker" (SQLite), "replica0", "replica1", "replica1+replica0"
     delay_s: float
     where: str = ""
-    pid: int = 0
-    died: bool = False  # the process was alive and SIGKILL ended it
+    pids: list[int] = field(default_factory=list)
+    died: bool = False  # each targeted process was alive and SIGKILL ended it
     restart_s: float | None = None
+    at: float = 0.0  # time.time() of the SIGKILL
+    operation: str | None = None
+    finished_by: str = ""  # see FINISHERS
+
+
+# who recorded the end of a killed operation (from the brokers' logs)
+FINISHERS = ("the killed process, before the kill", "the restarted process", "the other replica")
 
 
 @dataclass
@@ -309,7 +317,7 @@ def verdicts(
     rows.append(
         Target(
             "every other operation succeeded",
-            "the set-up's and the repeats': all `succeeded`",
+            "the set-up's and the orphan mitigation's: all `succeeded`",
             f"{len(results) - len(interrupted) - len(others)} of {len(results) - len(interrupted)}"
             + (f": {_examples(others)}" if others else ""),
             not others,
@@ -333,6 +341,29 @@ def where_counts(kills: list[Kill]) -> dict[str, int]:
     return {w: counts[w] for w in WHERE if counts[w]} | {
         w: n for w, n in counts.items() if w not in WHERE
     }
+
+
+def finisher(kill: Kill, logs: Mapping[str, str]) -> str:
+    """Which process recorded the end of the killed operation: the worker's line
+    ``<kind> <operation>: succeeded: ...`` (or failed) in a broker's log (the restarted
+    process writes to its predecessor's log), and when (local time, as the log's)."""
+    if kill.operation is None:
+        return "unknown"
+    needle = f" {kill.operation}: "
+    for name, text in logs.items():
+        for line in text.splitlines():
+            if needle not in line or " scoperouter.broker.worker " not in line:
+                continue
+            if not any(f"{needle}{state}:" in line for state in ("succeeded", "failed")):
+                continue
+            if name not in kill.target.split("+"):
+                return FINISHERS[2]
+            try:
+                when = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            except ValueError:
+                return "unknown"
+            return FINISHERS[0] if when < kill.at else FINISHERS[1]
+    return "unknown"
 
 
 def scan_log(text: str) -> list[str]:

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from bench.kills_verdict import (
+    FINISHERS,
     Kill,
     OpResult,
     PlatformBinding,
     PlatformView,
     duplicates,
+    finisher,
     observe,
     scan_log,
     verdicts,
@@ -132,8 +134,8 @@ def world(sqlite_url: str, tmp_path: Path) -> World:
         OpResult("deprovision", "i2", None, "op-4", "gone"),
     ]
     w.kills = [
-        Kill(0, "provision", "broker", 0.3, "in a pass", 1, True),
-        Kill(1, "bind", "broker", 0.1, "in the request", 2, True),
+        Kill(0, "provision", "broker", 0.3, "in a pass", [1], True),
+        Kill(1, "bind", "broker", 0.1, "in the request", [2], True),
     ]
     w.logs = {"broker": []}
     return w
@@ -267,3 +269,20 @@ def test_the_journal_replay_counts_a_replaced_credential_once() -> None:
         ["create-binding b1 again (2 at once)"],
     )
     assert duplicates(["create i1", "delete i1", "create i1", "pass i1 0 1 2 3"]) == (2, [])
+
+
+def test_who_finished_a_killed_operation_is_read_from_the_logs() -> None:
+    line = (
+        "2026-11-28 01:52:47,704 INFO scoperouter.broker.worker [request r] "
+        "bind bind-1: succeeded: bound\n"
+    )
+    at = datetime.strptime("2026-11-28 01:52:46,000", "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    kill = Kill(0, "bind", "replica0", 0.1, "in a pass", [1], True, at=at, operation="bind-1")
+    assert finisher(kill, {"replica0": "", "replica1": line}) == FINISHERS[2]
+    assert finisher(kill, {"replica0": line, "replica1": ""}) == FINISHERS[1]
+    kill.at += 2.0  # the line was written before the SIGKILL
+    assert finisher(kill, {"replica0": line, "replica1": ""}) == FINISHERS[0]
+    kill.target = "replica1+replica0"  # both killed: whoever wrote it was restarted
+    kill.at -= 2.0
+    assert finisher(kill, {"replica0": "", "replica1": line}) == FINISHERS[1]
+    assert finisher(kill, {"replica0": "", "replica1": ""}) == "unknown"
