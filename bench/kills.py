@@ -67,8 +67,8 @@ from scoperouter.broker.store import IN_PROGRESS, Store
 from tests.broker import fakes
 from tests.broker.pg import Cluster, free_port
 
-with warnings.catch_warnings():  # the tests' conftest imports FastAPI's TestClient: not used
-    warnings.simplefilter("ignore", DeprecationWarning)
+with warnings.catch_warnings():  # the tests' conftest imports FastAPI's TestClient (unused
+    warnings.simplefilter("ignore")  # here), whose module warns about httpx
     from tests.broker.conftest import PASSWORD
     from tests.broker.procs import BrokerProcess, write_config
 

@@ -105,6 +105,7 @@ class Kill:
 
 # who recorded the end of a killed operation (from the brokers' logs)
 FINISHERS = ("the killed process, before the kill", "the restarted process", "the other replica")
+NO_OPERATION = "none the platform knows (the request, sent again, was answered at once)"
 
 
 @dataclass
@@ -347,8 +348,8 @@ def finisher(kill: Kill, logs: Mapping[str, str]) -> str:
     """Which process recorded the end of the killed operation: the worker's line
     ``<kind> <operation>: succeeded: ...`` (or failed) in a broker's log (the restarted
     process writes to its predecessor's log), and when (local time, as the log's)."""
-    if kill.operation is None:
-        return "unknown"
+    if kill.operation is None:  # the platform never learnt its id: answered 200 when re-sent
+        return NO_OPERATION
     needle = f" {kill.operation}: "
     for name, text in logs.items():
         for line in text.splitlines():

@@ -164,16 +164,50 @@ class FakeService(Service):
     def update(self, op: OperationContext) -> Outcome:
         self._slow(op.parameters)
         path = self._file("instance", op.instance.id)
-        path.write_text(json.dumps({"size": op.parameters.get("size", 1), "plan": op.plan.id}))
+        kept = {k: v for k, v in self._read(path).items() if k == "bindings"}
+        data = {"size": op.parameters.get("size", 1), "plan": op.plan.id, **kept}
+        path.write_text(json.dumps(data))
         return Done("updated")
 
     def deprovision(self, op: OperationContext) -> Outcome:
+        """The instance and the credentials of the bindings the platform did not unbind (as
+        the real services do: `credentials.revoke_instance`), each named in the instance's
+        file by the bind that made it."""
         time.sleep(float(op.instance.parameters.get("deprovision_sleep", 0)))
         path = self._file("instance", op.instance.id)
+        for binding_id in self._read(path).get("bindings", []):
+            credential = self._file("binding", binding_id)
+            if credential.exists():
+                credential.unlink()
+                self._log("delete-binding", binding_id)
         if path.exists():
             path.unlink()
             self._log("delete", op.instance.id)
         return Done("removed")
+
+    @staticmethod
+    def _read(path: Path) -> dict[str, Any]:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _name_binding(self, instance_id: str, binding_id: str, keep: bool) -> None:
+        """Name (or stop naming) a binding in its instance's file: what a real service's tag
+        on a credential is (a credential's description names its instance)."""
+        path = self._file("instance", instance_id)
+        data = self._read(path)
+        if not data:
+            return
+        names = [b for b in data.get("bindings", []) if b != binding_id]
+        if keep:
+            names.append(binding_id)
+        if names:
+            data["bindings"] = names
+        else:
+            data.pop("bindings", None)
+        path.write_text(json.dumps(data))
 
     def bind(self, op: OperationContext) -> Outcome:
         assert op.binding is not None
@@ -184,6 +218,7 @@ class FakeService(Service):
         if path.exists():  # a dead pass made one whose secret is lost: replace it
             path.unlink()
             self._log("delete-binding", op.binding.id)
+        self._name_binding(op.instance.id, op.binding.id, True)  # before it exists
         secret = secrets.token_hex(16)
         path.write_text(secret)
         self._log("create-binding", op.binding.id)
@@ -201,6 +236,7 @@ class FakeService(Service):
         if path.exists():
             path.unlink()
             self._log("delete-binding", op.binding.id)
+        self._name_binding(op.instance.id, op.binding.id, False)
         return Done("unbound")
 
     def inventory_clouds(self) -> list[str]:

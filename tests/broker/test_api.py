@@ -384,6 +384,39 @@ def test_async_bind_get_unbind(harness: Harness) -> None:
     assert harness.unbind(INSTANCE, "b1").status_code == 410
 
 
+def test_deprovision_with_bindings_left_removes_their_credentials(harness: Harness) -> None:
+    """OSB lets a platform deprovision an instance whose bindings it did not unbind, and the
+    broker accepts it (docs/broker.md): the service removes their credentials with the
+    instance, as every real service does (`credentials.revoke_instance`). `bench.kills` found
+    the fake service leaving them: an orphaned credential after the deprovision. Also: a
+    binding unbound first is not removed twice, and an update keeps the bindings' names."""
+    harness.provisioned(INSTANCE)
+    for binding in ("b1", "b2"):
+        assert harness.bind(INSTANCE, binding).status_code == 202
+        harness.drain()
+    assert harness.unbind(INSTANCE, "b2", accepts_incomplete="true").status_code == 202
+    harness.drain()
+    update = harness.client.patch(
+        f"/v2/service_instances/{INSTANCE}",
+        params={"accepts_incomplete": "true"},
+        json={"service_id": fakes.SERVICE_ID, "parameters": {"size": 2}},
+    )
+    assert update.status_code == 202, update.text
+    harness.drain()
+    assert (harness.state_dir / "binding-b1").exists()
+    gone = harness.deprovision(INSTANCE)
+    assert gone.status_code == 202
+    harness.drain()
+    assert harness.last_operation(INSTANCE, operation=gone.json()["operation"]).status_code == 410
+    left = sorted(p.name for p in harness.state_dir.iterdir() if p.name != "journal")
+    assert left == []  # no instance, no credential of b1 (nor of b2)
+    journal = fakes.journal(harness.state_dir)
+    assert journal.count("delete-binding b1") == 1 and journal.count("delete-binding b2") == 1
+    with harness.broker.store.read() as session:
+        binding = harness.broker.store.binding(session, "b1")
+        assert binding is not None and binding.state == "gone" and binding.credentials is None
+
+
 def test_sync_bind_returns_201_with_credentials_and_sync_unbind_200(harness: Harness) -> None:
     harness.provisioned(INSTANCE)
     response = harness.bind(INSTANCE, "b1", accepts_incomplete=False)

@@ -15,6 +15,7 @@ import pytest
 
 from bench.kills_verdict import (
     FINISHERS,
+    NO_OPERATION,
     Kill,
     OpResult,
     PlatformBinding,
@@ -286,3 +287,5 @@ def test_who_finished_a_killed_operation_is_read_from_the_logs() -> None:
     kill.at -= 2.0
     assert finisher(kill, {"replica0": "", "replica1": line}) == FINISHERS[1]
     assert finisher(kill, {"replica0": "", "replica1": ""}) == "unknown"
+    kill.operation = None  # a request killed, sent again and answered 200: no operation id
+    assert finisher(kill, {"replica0": line, "replica1": line}) == NO_OPERATION
