@@ -313,6 +313,8 @@ class Planner:
         self.killed: dict[str, int] = dict.fromkeys(KINDS, 0)
         self.params: dict[str, dict[str, Any]] = {}
         self.count = 0
+        self.with_bindings = 0  # deprovisions of an instance with bindings left
+        self.prelude: list[tuple[str, dict[str, Any]]] = []  # unkilled, before the next kill
 
     def new_id(self, prefix: str) -> str:
         self.count += 1
@@ -379,6 +381,16 @@ class Planner:
             window = float(self.params.get(binding, {}).get("unbind_sleep", 0.0))
             return kind, {"instance": instance, "binding": binding}, window
         instance = r.choice(deletable)
+        # half the deprovisions are of an instance with a binding the platform did not unbind
+        # (OSB allows it; the service must remove its credential with the instance): bound
+        # first, without a kill, when it has none
+        if r.random() < 0.5:
+            self.with_bindings += 1
+            bound_to = {v.instance_id for v in self.view.bindings.values() if v.exists}
+            if instance not in bound_to:
+                binding = self.new_id("b")
+                spec = {"instance": instance, "binding": binding, "parameters": {}}
+                self.prelude.append(("bind", spec))
         window = float(self.params.get(instance, {}).get("deprovision_sleep", 0.0))
         return kind, {"instance": instance}, window
 
@@ -405,6 +417,7 @@ class DbRun:
     rows: list[Target] = field(default_factory=list)
     log_problems: dict[str, list[str]] = field(default_factory=dict)
     elapsed_s: float = 0.0
+    deprovisions_with_bindings: int = 0
 
 
 class KillRun:
@@ -434,6 +447,8 @@ class KillRun:
     def one_kill(self, index: int) -> None:
         kind, spec, window = self.planner.next()
         delay, pick, every = self.planner.kill_delay(window)
+        while self.planner.prelude:
+            self._unkilled(*self.planner.prelude.pop(0))
         flight = InFlight()
         box: list[OpResult] = []
         thread = threading.Thread(
@@ -532,6 +547,7 @@ class KillRun:
             self.out.log_problems,
         )
         self.out.elapsed_s = round(time.monotonic() - started, 1)
+        self.out.deprovisions_with_bindings = self.planner.with_bindings
         return self.out
 
 
@@ -577,7 +593,11 @@ TITLES = {
 def render(run: DbRun) -> str:
     lines = [f"== {TITLES[run.db]} ==", ""]
     by_kind = {k: sum(1 for x in run.kills if x.kind == k) for k in KINDS}
-    lines.append("kills by kind:     " + ", ".join(f"{k} {n}" for k, n in by_kind.items()))
+    lines.append(
+        "kills by kind:     "
+        + ", ".join(f"{k} {n}" for k, n in by_kind.items())
+        + f" ({run.deprovisions_with_bindings} deprovisions with bindings left)"
+    )
     lines.append(
         "where they fell:   " + ", ".join(f"{w} {n}" for w, n in where_counts(run.kills).items())
     )
@@ -614,6 +634,7 @@ def as_json(runs: list[DbRun], args: argparse.Namespace, context: dict[str, Any]
                     for r in run.rows
                 ],
                 "where": where_counts(run.kills),
+                "deprovisions_with_bindings": run.deprovisions_with_bindings,
                 "kills": [asdict(k) for k in run.kills],
                 "operations": [asdict(r) for r in run.results],
                 "observed": asdict(run.observed) if run.observed else None,

@@ -318,7 +318,7 @@ def verdicts(
     rows.append(
         Target(
             "every other operation succeeded",
-            "the set-up's and the orphan mitigation's: all `succeeded`",
+            "the set-up's, the binds before a deprovision, the orphan mitigation's",
             f"{len(results) - len(interrupted) - len(others)} of {len(results) - len(interrupted)}"
             + (f": {_examples(others)}" if others else ""),
             not others,
