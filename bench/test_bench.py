@@ -33,6 +33,7 @@ from bench import (
     haproxy,
     load,
     peers,
+    profile,
     report,
     soak,
     soak_traffic,
@@ -1098,3 +1099,16 @@ def test_wan_timeline_from_the_routers_access_lines() -> None:
     )
     assert "the parts reach their routers 26.0-28.0 ms after it read the request" in found.text()
     assert wan_clouds.timeline(one, []) is None
+
+
+def test_profile_sums_py_spy_stacks_by_function(tmp_path: Path) -> None:
+    raw = tmp_path / "py-spy-50-1.txt"
+    raw.write_text(
+        "main (/x/worker.py:10);handle (/x/pipeline.py:20);write (/usr/lib/sel.py:5) 3\n"
+        "main (/x/worker.py:10);handle (/x/pipeline.py:22) 1\n"
+        "main (/x/worker.py:10);select (/usr/lib/selectors.py:9) 2\n"
+    )
+    own, inclusive, total = profile.summarize([raw])
+    assert total == 6
+    assert own["write (sel.py)"] == 3 and own["handle (pipeline.py)"] == 1
+    assert inclusive["handle (pipeline.py)"] == 4 and inclusive["main (worker.py)"] == 6
