@@ -306,7 +306,7 @@ class Brokers:
         self.cluster = Cluster()
         self.cluster.start()
         self.cluster.sql("CREATE DATABASE chaos")
-        url = self.cluster.url("chaos")
+        url = self.url = self.cluster.url("chaos")
         migrate.upgrade(url)
         deadlines = dict.fromkeys(("provision", "deprovision", "bind", "unbind"), BROKER_DEADLINE)
         config = {
@@ -370,6 +370,27 @@ class Brokers:
         except ValueError:
             return None, f"exit {done.returncode}: {done.stdout[-300:]} {done.stderr[-600:]}"
         return report, "" if done.returncode in (0, 1) else f"exit {done.returncode}"
+
+    def records_left(self) -> list[str]:
+        """What the database still holds that a finished run must not: operations in
+        progress, instances not gone, bindings not unbound (each as a line)."""
+        from sqlalchemy import create_engine, text
+
+        queries = {
+            "operations in progress": "SELECT id FROM operations WHERE state = 'in progress'",
+            "instances not gone": "SELECT id FROM instances WHERE state <> 'gone'",
+            "bindings left": "SELECT id FROM bindings WHERE state IN ('binding', 'bound', "
+            "'unbinding')",
+        }
+        engine = create_engine(self.url)
+        try:
+            with engine.connect() as conn:
+                found = {
+                    what: conn.execute(text(sql)).scalars().all() for what, sql in queries.items()
+                }
+        finally:
+            engine.dispose()
+        return [f"{what}: {ids[:5]}" for what, ids in found.items() if ids]
 
     def stop(self) -> None:
         for replica in self.replicas:
@@ -460,6 +481,9 @@ class Lifecycles(threading.Thread):
                 if answer.status == 410 and kind in ("unbind", "deprovision"):
                     return self._done(entry, cv.GONE, "", start)
                 description = f"{answer.status}: {json.dumps(answer.body, default=str)[:300]}"
+                if not isinstance(answer.body, dict):  # OSB errors are JSON objects
+                    with self.chaos.lock:
+                        self.chaos.record.broker_error(f"{kind} {iid}: {description}")
                 if answer.status < 500 and answer.status != 422:  # 422: another operation runs
                     return self._done(entry, cv.REJECTED, description, start)
             if time.monotonic() > end:
@@ -482,6 +506,9 @@ class Lifecycles(threading.Thread):
                     description = str(last.body.get("description") or "")
                 else:
                     description = f"last_operation {last.status}: {str(last.body)[:200]}"
+                    if not isinstance(last.body, dict):
+                        with self.chaos.lock:
+                            self.chaos.record.broker_error(f"{kind} {iid}: {description}")
             if time.monotonic() > deadline:
                 return self._done(entry, cv.STUCK, description, start)
             time.sleep(1.0)
@@ -580,7 +607,12 @@ class Chaos:
                 victim = self.rng.choice(workers)
                 victim.send_signal(signal.SIGKILL)
                 entry["target"] += f" worker {victim.pid}"
-                _wait(lambda: len(supervisor.children()) >= len(workers), 60, "a new worker")
+
+                def replaced() -> bool:  # the victim reaped, as many workers as before
+                    pids = {c.pid for c in supervisor.children()}
+                    return victim.pid not in pids and len(pids) >= len(workers)
+
+                _wait(replaced, 60, "new worker")
             elif kind == "router SIGSTOP":
                 pgid = lab.router(cloud).pgid
                 pause = self.rng.uniform(2.0, 8.0)
@@ -652,6 +684,7 @@ class Chaos:
         assert self.brokers is not None
         say("broker repair")
         self.record.repair, self.record.repair_error = self.brokers.repair()
+        self.record.leftovers += self.brokers.records_left()
         time.sleep(1.0)  # the routers write their log lines in batches
         self.record.logs = {name: tail.findings() for name, tail in self.logs.items()}
 
@@ -700,6 +733,7 @@ def as_json(chaos: Chaos, rows: list[Any], context: dict[str, Any], elapsed: flo
             {"kind": k, "status": s, "count": n} for (k, s), n in sorted(record.statuses.items())
         ],
         "examples": record.examples,
+        "broker_non_json": record.broker_non_json,
         "slowest_s": round(record.slowest, 2),
         "operations": record.operations,
         "faults": record.faults,

@@ -86,8 +86,17 @@ class Record:
     faults: list[dict[str, Any]] = field(default_factory=list)
     repair: dict[str, Any] | None = None  # `broker repair --json`, None: not run
     repair_error: str = ""
-    leftovers: list[str] = field(default_factory=list)  # instances the drain could not remove
+    # instances the drain could not remove; records the database holds at the end (operations
+    # in progress, instances not gone, bindings not unbound)
+    leftovers: list[str] = field(default_factory=list)
     logs: dict[str, LogFindings] = field(default_factory=dict)
+    broker_non_json: int = 0  # the brokers' error answers that were not JSON objects
+
+    def broker_error(self, detail: str) -> None:
+        self.broker_non_json += 1
+        examples = self.examples.setdefault("broker non-JSON error", [])
+        if len(examples) < EXAMPLES:
+            examples.append(detail[:400])
 
     def request(self, kind: str, outcome: str, detail: str = "", status: int = 0) -> None:
         self.requests[(kind, outcome)] += 1
@@ -133,9 +142,12 @@ def verdicts(record: Record) -> list[Target]:
         ),
         Target(
             "errors are clean JSON",
-            "0 non-JSON errors, 0 wrong answers",
-            f"{got[JSON_ERROR]} JSON errors, {got[NON_JSON]} non-JSON, {got[WRONG]} wrong",
-            got[NON_JSON] == 0 and got[WRONG] == 0 if total else None,
+            "0 non-JSON errors (clients' and brokers'), 0 wrong answers",
+            f"{got[JSON_ERROR]} JSON errors, {got[NON_JSON]} non-JSON, {got[WRONG]} wrong; "
+            f"brokers: {record.broker_non_json} non-JSON",
+            got[NON_JSON] == 0 and got[WRONG] == 0 and record.broker_non_json == 0
+            if total
+            else None,
         ),
     ]
     states = record.op_states()
@@ -161,7 +173,7 @@ def verdicts(record: Record) -> list[Target]:
     rows.append(
         Target(
             "no drift afterwards (broker repair)",
-            "0 orphans, 0 missing, every cloud read; all deprovisioned",
+            "0 orphans, 0 missing, every cloud read; every instance gone, no record in progress",
             "none" if not found else f"{len(found)}: {found[0]}",
             not found,
         )

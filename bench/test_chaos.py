@@ -58,6 +58,9 @@ def test_a_non_json_error_or_a_wrong_answer_is_a_miss() -> None:
         record = clean_record()
         record.request("image show at A", outcome, "502 text/html")
         assert misses(record) == ["errors are clean JSON"], outcome
+    record = clean_record()
+    record.broker_error("provision i1: 502: '<html>Bad Gateway</html>'")
+    assert misses(record) == ["errors are clean JSON"]
 
 
 def test_a_stuck_or_undescribed_operation_is_a_miss() -> None:
