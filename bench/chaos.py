@@ -701,6 +701,11 @@ class Chaos:
     def cleanup(self) -> None:
         self.stop_clients.set()
         self.stop_lifecycles.set()
+        for cloud in self.lab.clouds:  # never a router left stopped (an interrupted SIGSTOP)
+            rec = self.lab.lab.procs.running(f"{cloud.slug}-router")
+            if rec is not None:
+                with contextlib.suppress(OSError):
+                    os.killpg(rec.pgid, signal.SIGCONT)
         if self.brokers is not None:
             self.brokers.stop()
         if not self.args.keep:
