@@ -447,15 +447,16 @@ class Lifecycles(threading.Thread):
                 if unbound == cv.GONE:
                     break
         for _ in range(5):  # a failed deprovision is sent again, as an operator would
-            if self.operation("deprovision", iid, None, lambda c: c.deprovision(iid, sid, pid)) \
-                    == cv.GONE:  # fmt: skip
+            gone = self.operation("deprovision", iid, None, lambda c: c.deprovision(iid, sid, pid))
+            if gone == cv.GONE:
                 return
             time.sleep(5)
         with self.chaos.lock:
             self.chaos.record.leftovers.append(iid)
 
     def call(self, send: Callable[[Any], Any]) -> Any:
-        """One OSB request to a replica; the other when this one does not answer."""
+        """One OSB request to the next replica in turn (a request sent again after an error
+        goes to the other one: a load balancer's retry)."""
         self.turn = (self.turn + 1) % len(self.clients)
         return send(self.clients[self.turn])
 
