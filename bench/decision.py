@@ -103,6 +103,18 @@ def build(n_clouds: int) -> tuple[Catalog, CatalogBuild]:
     return catalog, CatalogBuild(n_clouds, len(catalog.service_types), n_endpoints, elapsed)
 
 
+def build_cpu(n_clouds: int, repeats: int = 3) -> dict[str, float]:
+    """CPU seconds of this process to build the catalog of `n_clouds` clouds (what a reload
+    costs a worker, in its reload thread): best and median of `repeats` builds."""
+    data = synthetic(n_clouds)
+    runs = []
+    for _ in range(repeats):
+        start = time.process_time()
+        build_catalog(data)
+        runs.append(time.process_time() - start)
+    return {"clouds": n_clouds, "best_s": min(runs), "median_s": statistics.median(runs)}
+
+
 def run(
     sizes: tuple[int, ...] = (2, 1000), iterations: int = 100_000, repeats: int = 5
 ) -> tuple[list[DecisionResult], list[CatalogBuild]]:

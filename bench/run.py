@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from bench import backend, federation, load, transfer
+from bench import backend, federation, load, report, transfer
 from bench.machine import ROOT, busy_others, machine_context, prime_processes
 from bench.procs import (
     BenchError,
@@ -461,6 +461,8 @@ class Bench:
             results, builds = decision.run((2, 1000), iterations=args.iterations, repeats=5)
             self.results["decision"] = decision.as_dicts(results)
             self.results["catalog_builds"] = decision.as_dicts(builds)
+            say(f"catalog build: {report.CATALOG_BUILD_CLOUDS:,} clouds x 10 services, 3 times")
+            self.results["catalog_build_large"] = decision.build_cpu(report.CATALOG_BUILD_CLOUDS)
         if {"http", "bodies"} <= args.skip:
             return self.results
         self.choose_tools()

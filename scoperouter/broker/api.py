@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Annotated, Any
 from urllib.parse import unquote, unquote_plus
 
+import sqlalchemy.exc
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -343,7 +344,36 @@ class Polling:
             )
         except OSBError as exc:
             return Answer.of(exc.status, exc.body)
+        except sqlalchemy.exc.OperationalError as exc:
+            return database_unavailable("GET", path, exc)
+        except Exception as exc:  # never uvicorn's text/plain 500 on this path
+            log.error("internal error on GET %s", path, exc_info=exc)
+            return Answer.of(500, INTERNAL_ERROR)
         return GONE_ANSWER if reply is last_operation.GONE else answer(reply)
+
+
+INTERNAL_ERROR = {"description": "internal error of the broker (logged with the request identity)"}
+DATABASE_RETRY_AFTER = 5  # seconds: a database restart or failover
+
+
+def database_unavailable(method: str, path: str, exc: BaseException) -> Answer:
+    """503 with Retry-After when the database refused (down, restarting, failing over): an
+    error the platform retries, logged as one line (no traceback: nothing in the broker broke).
+    Found by bench.chaos: the polling path answered uvicorn's text/plain 500 then, and every
+    other route a 500 with a traceback in the log."""
+    orig = getattr(exc, "orig", None) or exc
+    lines = str(orig).strip().splitlines()
+    log.warning(
+        "%s %s: the database is unavailable (503): %s",
+        method,
+        path,
+        lines[0] if lines else type(orig).__name__,
+    )
+    return Answer.of(
+        503,
+        {"description": "the broker's database is unavailable; try again shortly"},
+        (b"retry-after", b"%d" % DATABASE_RETRY_AFTER),
+    )
 
 
 # ----------------------------------------------------------------------------- the app
@@ -375,13 +405,20 @@ def create_app(broker: Broker, *, worker: Worker | None = None, password: str) -
     async def _http(_request: Request, exc: StarletteHTTPException) -> Response:
         return JSONResponse({"description": str(exc.detail)}, status_code=exc.status_code)
 
+    @app.exception_handler(sqlalchemy.exc.OperationalError)
+    async def _database(request: Request, exc: Exception) -> Response:
+        unavailable = database_unavailable(request.method, request.url.path, exc)
+        return Response(
+            unavailable.body,
+            status_code=unavailable.status,
+            media_type="application/json",
+            headers={"Retry-After": str(DATABASE_RETRY_AFTER)},
+        )
+
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> Response:
         log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
-        return JSONResponse(
-            {"description": "internal error of the broker (logged with the request identity)"},
-            status_code=500,
-        )
+        return JSONResponse(INTERNAL_ERROR, status_code=500)
 
     base = "/v2/service_instances/{instance_id}"
 

@@ -51,7 +51,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, aliased, mapped_column, sessionmaker
 from sqlalchemy.pool import SingletonThreadPool
 
@@ -394,7 +394,16 @@ class Store:
         """One row of a polling read. SQLite: on this thread's own connection, kept (it is in
         autocommit: no transaction, no snapshot held between statements). PostgreSQL: a pooled
         connection for the statement, given back at once (an idle one would sit in a
-        transaction)."""
+        transaction). The driver's OperationalError (the database down, restarting, locked)
+        is raised as SQLAlchemy's, as every other read raises it: the API answers it with a
+        503 (this path works on raw DBAPI connections, whose errors SQLAlchemy does not wrap)."""
+        dbapi_error = self._poll_engine.dialect.loaded_dbapi.OperationalError
+        try:
+            return self._fetch_one_raw(sql, args)
+        except dbapi_error as exc:
+            raise OperationalError(sql, args, exc) from exc
+
+    def _fetch_one_raw(self, sql: str, args: Any) -> Any:
         if not self.sqlite:
             raw = self._poll_engine.raw_connection()
             try:

@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import sqlalchemy.exc
+
 from scoperouter.broker import logs
 from scoperouter.broker.runtime import Broker
 from scoperouter.broker.services.base import (
@@ -510,13 +512,33 @@ class Worker:
             self._pending_wake = False
 
     def _loop(self, owner: str) -> None:
+        failures = 0  # consecutive claims the database refused
         while not self._stop.is_set():
             try:
                 ran = self.run_one(owner)
+            except sqlalchemy.exc.OperationalError as exc:
+                # The database is down or restarting (a PostgreSQL failover, a restart): one
+                # line when it starts and one when it is back, and claims backing off up to
+                # max_retry_seconds meanwhile, instead of a traceback at every poll.
+                failures += 1
+                if failures == 1:
+                    log.warning(
+                        "worker: the database is unavailable, claims paused (retrying with "
+                        "backoff up to %gs): %s",
+                        self.config.max_retry_seconds,
+                        _first_line(exc),
+                    )
+                delay = self.config.poll_seconds * 2 ** min(failures, 16)
+                self._stop.wait(min(delay, self.config.max_retry_seconds))
+                continue
             except Exception:
-                log.exception("worker loop error (the database may be unavailable)")
+                log.exception("worker loop error")
                 ran = False
                 self._stop.wait(self.config.poll_seconds)
+            if failures:
+                log.warning("worker: the database is available again after %d failed claims",
+                            failures)  # fmt: skip
+                failures = 0
             if not ran:
                 self._wait()
 
@@ -545,3 +567,10 @@ class Worker:
 
 
 __all__ = ["Heartbeat", "Runner", "Worker", "WorkerContext", "instance_view", "owner_id"]
+
+
+def _first_line(exc: BaseException) -> str:
+    """The driver's message of a database error, without SQLAlchemy's background link."""
+    orig = getattr(exc, "orig", None) or exc
+    text = str(orig).strip().splitlines()
+    return text[0] if text else type(orig).__name__

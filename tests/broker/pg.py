@@ -102,6 +102,7 @@ class Cluster:
         self._counter = itertools.count(1)
         self.user = "postgres" if self.as_postgres else os.environ.get("USER", "postgres")
         self.proc: subprocess.Popen[bytes] | None = None
+        self.argv: list[str] = []  # the postmaster's, once initialised
 
     def _as_user(self) -> dict[str, Any]:
         """initdb and postgres refuse to run as root: as the ``postgres`` user then."""
@@ -134,11 +135,15 @@ class Cluster:
             "full_page_writes=off",
             "max_connections=200",
         ]
-        argv = [str(self.bin / "postgres"), "-D", str(self.data)]
-        argv += [arg for option in options for arg in ("-c", option)]
+        self.argv = [str(self.bin / "postgres"), "-D", str(self.data)]
+        self.argv += [arg for option in options for arg in ("-c", option)]
+        self._launch(timeout)
+
+    def _launch(self, timeout: float) -> None:
+        """The postmaster on the initialised cluster; returns once it takes connections."""
         with (self.root / "log").open("ab") as log:
             self.proc = subprocess.Popen(
-                argv,
+                self.argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -162,6 +167,19 @@ class Cluster:
                 if time.monotonic() > end:
                     raise RuntimeError(f"postgres did not start: {self._log_tail()}") from None
                 time.sleep(0.1)
+
+    def restart(self, timeout: float = 120) -> None:
+        """A restart as an operator's: fast shutdown (SIGINT: open connections are closed,
+        running transactions rolled back), then the postmaster again on the same data and
+        port. From the thread that started the cluster (its death signal is that thread's)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(30)
+        self._launch(timeout)
 
     def _log_tail(self) -> str:
         try:

@@ -632,3 +632,46 @@ def test_a_parameter_naming_another_instance_is_checked_before_anything_is_writt
     assert body["description"] == "parameters.peer: no instance nobody beside this one"
     harness.provisioned("inst-2")
     assert harness.bind(INSTANCE, "b1", {"peer": "inst-2"}).status_code == 202
+
+
+# ------------------------------------------------------------------ the database going away
+
+
+def test_a_database_that_goes_away_is_a_json_503_with_retry_after(
+    pg_cluster: Any, tmp_path: Any, caplog: Any
+) -> None:
+    """Found by bench.chaos (PostgreSQL restarted under two replicas): a `last_operation` poll
+    then got uvicorn's text/plain 500 (the polling path had no error handler) and every other
+    route a 500 with a traceback in the log. Now both answer the OSB JSON error, 503 with
+    Retry-After (a platform polls again), logged as one line each."""
+    from tests.broker.conftest import make_broker
+
+    if pg_cluster is None:
+        pytest.skip("PostgreSQL is not installed")
+    name = pg_cluster.new_database(template="broker_template")
+    broker = make_broker(pg_cluster.url(name), tmp_path)
+    harness = Harness(broker, tmp_path)
+    try:
+        assert harness.provision(INSTANCE).status_code == 202
+        assert harness.last_operation(INSTANCE).status_code == 200
+        caplog.set_level("INFO", logger="scoperouter.broker")
+        pg_cluster.sql(f"DROP DATABASE {name} WITH (FORCE)")  # its connections terminated too
+        answers = {
+            "poll": harness.last_operation(INSTANCE),
+            "binding poll": harness.last_operation(INSTANCE, "b1"),
+            "provision": harness.provision("inst-2"),
+            "get": harness.client.get(f"/v2/service_instances/{INSTANCE}"),
+        }
+    finally:
+        for engine in {broker.store.engine, broker.store._read_engine, broker.store._poll_engine}:
+            engine.dispose()
+    for what, response in answers.items():
+        assert response.status_code == 503, (what, response.status_code, response.text)
+        assert response.headers["content-type"] == "application/json", what
+        assert "database is unavailable" in response.json()["description"], what
+        assert response.headers["retry-after"] == "5", what
+    logged = [r for r in caplog.records if r.name.startswith("scoperouter.broker")]
+    assert not [r for r in logged if r.exc_info or r.levelno >= logging.ERROR], [
+        r.getMessage() for r in logged
+    ]
+    assert len([r for r in logged if "database is unavailable" in r.getMessage()]) == len(answers)

@@ -172,3 +172,56 @@ def test_store_create_all_and_snapshot(tmp_path: Path) -> None:
     store.create_all()
     assert store.snapshot() == {"instances": [], "bindings": [], "operations": []}
     store.dispose()
+
+
+def test_a_database_that_goes_away_pauses_claims_with_one_line_each_way(
+    pg_cluster: Any, tmp_path: Path, caplog: Any
+) -> None:
+    """Found by bench.chaos (PostgreSQL restarted under two replicas): every worker thread
+    logged an ERROR with two chained tracebacks at every poll while the database was down. Now
+    one WARNING line (no traceback) when claims start failing, claims back off, and one line
+    when the database is back; the worker then runs operations again."""
+    import pytest
+
+    from scoperouter.broker.worker import Worker
+    from tests.broker.conftest import make_broker
+
+    if pg_cluster is None:
+        pytest.skip("PostgreSQL is not installed")
+    name = pg_cluster.new_database(template="broker_template")
+    broker = make_broker(
+        pg_cluster.url(name),
+        tmp_path,
+        worker={
+            "threads": 0,
+            "lease_seconds": 5,
+            "heartbeat_seconds": 1,
+            "poll_seconds": 0.05,
+            "max_retry_seconds": 0.5,
+        },
+    )
+    worker = Worker(broker)
+    caplog.set_level("INFO", logger="scoperouter.broker.worker")
+    worker.start(threads=2)
+    try:
+        time.sleep(0.3)  # claiming (nothing due) on live connections
+        pg_cluster.sql(f"DROP DATABASE {name} WITH (FORCE)")  # its connections terminated too
+        time.sleep(2.0)  # ~2 s down: at 0.05 s polls, 40 claims a thread without the backoff
+        pg_cluster.sql(f"CREATE DATABASE {name} TEMPLATE broker_template")
+        harness = Harness(broker, tmp_path)
+        op_id = _op(harness, "after")
+        end = time.monotonic() + 20
+        while harness.last_operation("after", operation=op_id).json()["state"] == "in progress":
+            assert time.monotonic() < end, "the worker did not run an operation again"
+            time.sleep(0.1)
+    finally:
+        worker.stop()
+        broker.store.engine.dispose()
+    records = [r for r in caplog.records if r.name == "scoperouter.broker.worker"]
+    down = [r for r in records if "database is unavailable" in r.getMessage()]
+    back = [r for r in records if "database is available again" in r.getMessage()]
+    assert 1 <= len(down) <= 2 and 1 <= len(back) <= 2, [r.getMessage() for r in records]
+    assert all(r.exc_info is None and r.levelname == "WARNING" for r in down + back)
+    assert not [r for r in records if r.levelname == "ERROR" or r.exc_info], [
+        r.getMessage() for r in records if r.levelname == "ERROR"
+    ]
