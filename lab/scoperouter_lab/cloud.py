@@ -167,7 +167,10 @@ class CloudRunner:
     def health_url(self, what: str) -> str:
         """Where a process with a port answers once it serves (any status below 500)."""
         path = "/healthcheck" if what.startswith("swift-") else "/"
-        return f"http://{self.cloud.back_ip}:{self.listen_port(what)}{path}"
+        # a TLS lab's storage servers of swift stay plain (only its proxy reaches them)
+        plain = what.startswith("swift-") and what != "swift-proxy"
+        scheme = "http" if plain else self.cloud.scheme
+        return f"{scheme}://{self.cloud.back_ip}:{self.listen_port(what)}{path}"
 
     # ------------------------------------------------------------------ environment
 
@@ -188,6 +191,15 @@ class CloudRunner:
             # the services' own outgoing HTTP calls go through this cloud's router
             proxy = f"http://{self.cloud.proxy_listen}"
             env.update(HTTP_PROXY=proxy, http_proxy=proxy)
+            if self.cloud.tls:
+                # and their https calls too (CONNECT, intercepted by the router: its CA is
+                # in their trust bundle)
+                env.update(HTTPS_PROXY=proxy, https_proxy=proxy)
+        if self.cloud.tls:
+            # what they trust: python-requests (keystoneauth) reads REQUESTS_CA_BUNDLE, Python's
+            # ssl module (urllib, the stand-ins) SSL_CERT_FILE
+            bundle = str(self.paths.trust_bundle(self.cloud))
+            env.update(REQUESTS_CA_BUNDLE=bundle, SSL_CERT_FILE=bundle)
         if what is not None and what.startswith("swift-"):
             # the log hook swift's configs name (templates.SWIFT_LOG_HOOK)
             env["PYTHONPATH"] = str(self.ctx.etc("swift"))
@@ -423,6 +435,9 @@ class CloudRunner:
                     f"{self.cloud.back_ip}:{self.cloud.port(stype)}"]  # fmt: skip
             if stype == "network":  # the project of a token, for what a user creates
                 argv += ["--keystone", self.ctx.keystone_url]  # as the services find it
+            if self.cloud.tls:
+                cert, key = self.paths.tls_files(self.cloud, "backend")
+                argv += ["--tls-cert", str(cert), "--tls-key", str(key)]
             confs = [Path(__file__).with_name(module.rsplit(".", 1)[1] + ".py")]
         elif what in API_PROCESSES:
             service = what.split("-")[0]
@@ -449,7 +464,10 @@ class CloudRunner:
             confs = [self.ctx.etc(service) / f"{service}.conf"]
             argv = [str(self.paths.venv_bin(what)), "--config-file", str(confs[0])]
         env = self.env(what)
-        fp = fingerprint(argv, {k: v for k, v in env.items() if "PROXY" in k.upper()}, *confs)
+        trust = ("REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")
+        fp = fingerprint(
+            argv, {k: v for k, v in env.items() if "PROXY" in k.upper() or k in trust}, *confs
+        )
         return argv, fp
 
     def _stop_changed(self) -> None:

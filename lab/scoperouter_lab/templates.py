@@ -45,6 +45,22 @@ class CloudContext:
     routed: bool  # catalog endpoints point at the router (else straight at the backends)
 
     @property
+    def tls(self) -> bool:
+        """Every endpoint of the cloud in https (``lab up --tls``)."""
+        return self.cloud.tls
+
+    @property
+    def cafile(self) -> Path:
+        """What the services trust in a TLS lab: the lab's CA and the cloud's interception CA
+        (their calls through the router's forward proxy meet certificates of the latter)."""
+        return self.paths.trust_bundle(self.cloud)
+
+    def cafile_line(self) -> str:
+        """``cafile = ...`` for a keystoneauth section in a TLS lab, else nothing (the same
+        bundle REQUESTS_CA_BUNDLE names: CloudRunner.env)."""
+        return f"cafile = {self.cafile}\n" if self.tls else ""
+
+    @property
     def keystone_url(self) -> str:
         """Where the services find keystone: the catalog's identity URL."""
         return self.cloud.endpoint_url("identity", self.routed)
@@ -83,7 +99,7 @@ project_name = service
 username = {username}
 password = {ctx.secrets.service}
 region_name = {ctx.cloud.region}
-{extra}"""
+{ctx.cafile_line()}{extra}"""
 
 
 def _authtoken(ctx: CloudContext, username: str, service_type: str) -> str:
@@ -231,7 +247,7 @@ novncproxy_base_url = http://{c.back_ip}:6080/vnc_auto.html
 # nova-api fetches images from the image endpoint of the user's token catalog in this region
 region_name = {c.region}
 valid_interfaces = public
-""" + "".join(
+{ctx.cafile_line()}""" + "".join(
         [
             _authtoken(ctx, "nova", "compute"),
             _auth(ctx, "service_user", "nova", "send_service_user_token = true\n"),
@@ -282,8 +298,14 @@ def uwsgi_ini(
     envs = "".join(f"env = {k}={v}\n" for k, v in env.items())
     if argv:
         envs += f"pyargv = {' '.join(argv)}\n"
+    socket = f"http-socket = {ctx.cloud.back_ip}:{port}"
+    if ctx.tls:
+        # a TLS lab: uWSGI serves https itself (its OpenSSL plugin; the same HTTP parser as
+        # http-socket, so the options below hold), with the cloud's backend certificate
+        cert, key = ctx.paths.tls_files(ctx.cloud, "backend")
+        socket = f"https-socket = {ctx.cloud.back_ip}:{port},{cert},{key}"
     return f"""[uwsgi]
-http-socket = {ctx.cloud.back_ip}:{port}
+{socket}
 module = {module}
 virtualenv = {ctx.paths.venv}
 master = true
@@ -386,7 +408,7 @@ workers = 1
 
 [clients]
 endpoint_type = publicURL
-
+{f"ca_file = {ctx.cafile}{chr(10)}" if ctx.tls else ""}
 [clients_keystone]
 auth_uri = {c.endpoint_url("identity", ctx.routed).removesuffix("/v3")}
 
@@ -436,8 +458,14 @@ default = yes
 
 def _swift_default(ctx: CloudContext, kind: str, port: int) -> str:
     # workers = 0: one process serves (no fork); mount_check off: the devices are directories
+    tls = ""
+    if ctx.tls and kind == "proxy":
+        # a TLS lab: the proxy (the catalog's endpoint) serves https itself (eventlet's wsgi);
+        # its storage servers, which only it reaches, stay plain
+        cert, key = ctx.paths.tls_files(ctx.cloud, "backend")
+        tls = f"cert_file = {cert}\nkey_file = {key}\n"
     return f"""[DEFAULT]
-bind_ip = {ctx.cloud.back_ip}
+{tls}bind_ip = {ctx.cloud.back_ip}
 bind_port = {port}
 workers = 0
 swift_dir = {ctx.etc("swift")}
@@ -519,5 +547,5 @@ region_name = {ctx.cloud.region}
 interface = public
 service_token_roles_required = true
 service_type = object-store
-{filters}"""
+{ctx.cafile_line()}{filters}"""
     )
