@@ -203,6 +203,11 @@ class CloudRunner:
         if what is not None and what.startswith("swift-"):
             # the log hook swift's configs name (templates.SWIFT_LOG_HOOK)
             env["PYTHONPATH"] = str(self.ctx.etc("swift"))
+        if what in STAND_INS:
+            # the stand-ins are modules of this package: the very copy running the lab (a
+            # checkout's, when it is on PYTHONPATH in front of an installed one), as the
+            # fingerprint of their source says (_spec)
+            env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
         if what is not None:
             env.update(dropin_environment(self.paths.dropins(self.pname(what))))
         return env
