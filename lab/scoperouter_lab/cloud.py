@@ -196,8 +196,10 @@ class CloudRunner:
                 # in their trust bundle)
                 env.update(HTTPS_PROXY=proxy, https_proxy=proxy)
         if self.cloud.tls:
-            # what they trust: python-requests (keystoneauth) reads REQUESTS_CA_BUNDLE, Python's
-            # ssl module (urllib, the stand-ins) SSL_CERT_FILE
+            # what they trust: python-requests (keystoneauth, keystonemiddleware) reads
+            # REQUESTS_CA_BUNDLE, Python's ssl module (urllib, the stand-ins) SSL_CERT_FILE.
+            # Only the environment, no `cafile` in their configs (it would win over it): as in
+            # production, a drop-in's REQUESTS_CA_BUNDLE (playbooks/federation.yml) decides
             bundle = str(self.paths.trust_bundle(self.cloud))
             env.update(REQUESTS_CA_BUNDLE=bundle, SSL_CERT_FILE=bundle)
         if what is not None and what.startswith("swift-"):

@@ -261,8 +261,8 @@ class LabPaths:
         return self.pki / f"{cloud.slug}-{what}.crt", self.pki / f"{cloud.slug}-{what}.key"
 
     def trust_bundle(self, cloud: CloudSpec) -> Path:
-        """What the services of `cloud` trust in a TLS lab (REQUESTS_CA_BUNDLE, SSL_CERT_FILE,
-        the configs' ``cafile``): the lab's CA and the cloud's interception CA."""
+        """What the services of `cloud` trust in a TLS lab (their REQUESTS_CA_BUNDLE and
+        SSL_CERT_FILE): the lab's CA and the cloud's interception CA."""
         return self.pki / f"{cloud.slug}-trust.pem"
 
     def venv_bin(self, name: str) -> Path:

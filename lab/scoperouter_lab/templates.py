@@ -50,17 +50,6 @@ class CloudContext:
         return self.cloud.tls
 
     @property
-    def cafile(self) -> Path:
-        """What the services trust in a TLS lab: the lab's CA and the cloud's interception CA
-        (their calls through the router's forward proxy meet certificates of the latter)."""
-        return self.paths.trust_bundle(self.cloud)
-
-    def cafile_line(self) -> str:
-        """``cafile = ...`` for a keystoneauth section in a TLS lab, else nothing (the same
-        bundle REQUESTS_CA_BUNDLE names: CloudRunner.env)."""
-        return f"cafile = {self.cafile}\n" if self.tls else ""
-
-    @property
     def keystone_url(self) -> str:
         """Where the services find keystone: the catalog's identity URL."""
         return self.cloud.endpoint_url("identity", self.routed)
@@ -99,7 +88,7 @@ project_name = service
 username = {username}
 password = {ctx.secrets.service}
 region_name = {ctx.cloud.region}
-{ctx.cafile_line()}{extra}"""
+{extra}"""
 
 
 def _authtoken(ctx: CloudContext, username: str, service_type: str) -> str:
@@ -247,7 +236,7 @@ novncproxy_base_url = http://{c.back_ip}:6080/vnc_auto.html
 # nova-api fetches images from the image endpoint of the user's token catalog in this region
 region_name = {c.region}
 valid_interfaces = public
-{ctx.cafile_line()}""" + "".join(
+""" + "".join(
         [
             _authtoken(ctx, "nova", "compute"),
             _auth(ctx, "service_user", "nova", "send_service_user_token = true\n"),
@@ -408,7 +397,7 @@ workers = 1
 
 [clients]
 endpoint_type = publicURL
-{f"ca_file = {ctx.cafile}{chr(10)}" if ctx.tls else ""}
+
 [clients_keystone]
 auth_uri = {c.endpoint_url("identity", ctx.routed).removesuffix("/v3")}
 
@@ -547,5 +536,5 @@ region_name = {ctx.cloud.region}
 interface = public
 service_token_roles_required = true
 service_type = object-store
-{ctx.cafile_line()}{filters}"""
+{filters}"""
     )
