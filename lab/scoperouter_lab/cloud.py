@@ -576,7 +576,25 @@ class CloudRunner:
         for stype in self.service_types():
             sid = ks.ensure_service(stype, SERVICE_NAMES[stype])
             ks.ensure_endpoint(sid, "public", self.cloud.endpoint_url(stype, routed), region)
+        self._endpoints_in_scheme(ks)
         return f"{len(self.service_types())} endpoints -> {'router' if routed else 'backends'}"
+
+    def _endpoints_in_scheme(self, ks: Keystone) -> None:
+        """The endpoints of services this cloud no longer runs (a lab that had more) stay in
+        its catalog, as they always did; after a switch to or from TLS (`lab up --tls`,
+        `--no-tls`) they move to the lab's scheme too, so the catalog is all https or all
+        http (the catalog import reads them all)."""
+        for row in ks.call("GET", "/endpoints")["endpoints"]:
+            scheme, _, rest = str(row["url"]).partition("://")
+            host = rest.split("/", 1)[0].rsplit(":", 1)[0]
+            if (
+                row.get("region_id") == self.cloud.region
+                and host in (self.cloud.front_ip, self.cloud.back_ip)
+                and scheme in ("http", "https")
+                and scheme != self.cloud.scheme
+            ):
+                url = f"{self.cloud.scheme}://{rest}"
+                ks.call("PATCH", f"/endpoints/{row['id']}", {"endpoint": {"url": url}})
 
     def _seed_heat_domain(self, ks: Keystone) -> None:
         """What heat needs in keystone besides its user, as devstack makes it: the domain of the
