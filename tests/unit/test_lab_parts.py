@@ -849,3 +849,42 @@ def test_a_tls_lab_serves_and_trusts_https_everywhere(tmp_path: Path):
     assert {e["cacert"] for e in entries.values()} == {str(paths.ca_cert)}
     router, _ = files.router_clouds_config([two], SECRETS, True, paths.ca_cert)
     assert router["clouds"]["cloudtwo-router"]["cacert"] == str(paths.ca_cert)
+
+
+def test_a_switch_to_tls_moves_the_endpoints_of_services_no_longer_run(tmp_path: Path):
+    """`lab up --tls` after a lab that ran more services: their endpoints (kept in the
+    catalog, as always) move to https too, and back with --no-tls; other regions' and other
+    hosts' endpoints are left alone."""
+    from scoperouter_lab.cloud import CloudRunner, Step
+    from scoperouter_lab.layout import LabPaths
+    from scoperouter_lab.procs import ProcessTable
+    from scoperouter_lab.templates import CloudContext
+
+    class Catalog:
+        def __init__(self, rows: list[dict[str, str]]) -> None:
+            self.rows = {r["id"]: r for r in rows}
+
+        def call(self, method: str, url: str, body: dict | None = None) -> dict:
+            if method == "GET":
+                return {"endpoints": list(self.rows.values())}
+            assert method == "PATCH" and body is not None
+            self.rows[url.rsplit("/", 1)[1]]["url"] = body["endpoint"]["url"]
+            return {}
+
+    rows = [
+        {"id": "a", "region_id": "CloudOne", "url": "http://127.0.0.2:8080/v1/AUTH_%(project_id)s"},
+        {"id": "b", "region_id": "CloudOne", "url": "https://127.0.0.2:9292"},
+        {"id": "c", "region_id": "CloudOne", "url": "http://127.0.1.2:8004/v1/%(project_id)s"},
+        {"id": "d", "region_id": "CloudTwo", "url": "http://127.0.0.3:8080/v1/AUTH_x"},
+        {"id": "e", "region_id": "CloudOne", "url": "http://203.0.113.9:8080"},
+    ]
+    catalog = Catalog([dict(r) for r in rows])
+    for tls, want in ((True, "https"), (False, "http")):
+        ctx = CloudContext(CloudSpec(1, tls=tls), LabPaths(tmp_path), SECRETS, routed=True)
+        runner = CloudRunner(ctx, resolve_services(None), ProcessTable(tmp_path / "run"),
+                             Step(lambda *a: None), proxy_env=True)  # fmt: skip
+        runner._endpoints_in_scheme(catalog)  # type: ignore[arg-type]
+        urls = {i: r["url"] for i, r in catalog.rows.items()}
+        assert {urls[i].split("://")[0] for i in "abc"} == {want}
+        assert urls["a"].endswith(":8080/v1/AUTH_%(project_id)s")
+        assert (urls["d"], urls["e"]) == (rows[3]["url"], rows[4]["url"])
