@@ -576,24 +576,27 @@ class CloudRunner:
         for stype in self.service_types():
             sid = ks.ensure_service(stype, SERVICE_NAMES[stype])
             ks.ensure_endpoint(sid, "public", self.cloud.endpoint_url(stype, routed), region)
-        self._endpoints_in_scheme(ks)
+        self._align_endpoints(ks)
         return f"{len(self.service_types())} endpoints -> {'router' if routed else 'backends'}"
 
-    def _endpoints_in_scheme(self, ks: Keystone) -> None:
+    def _align_endpoints(self, ks: Keystone) -> None:
         """The endpoints of services this cloud no longer runs (a lab that had more) stay in
-        its catalog, as they always did; after a switch to or from TLS (`lab up --tls`,
-        `--no-tls`) they move to the lab's scheme too, so the catalog is all https or all
-        http (the catalog import reads them all)."""
+        its catalog, as they always did, but follow the lab's mode like the others: on the
+        router or on the backend address (`--no-router`), https or http (`--tls`), so the
+        catalog is consistent (the catalog import reads every endpoint: one left on the
+        router's address while the others are on the backends reads as a routing loop)."""
+        host = self.cloud.front_ip if self.ctx.routed else self.cloud.back_ip
         for row in ks.call("GET", "/endpoints")["endpoints"]:
             scheme, _, rest = str(row["url"]).partition("://")
-            host = rest.split("/", 1)[0].rsplit(":", 1)[0]
+            where, slash, path = rest.partition("/")
+            now, _, port = where.rpartition(":")
+            url = f"{self.cloud.scheme}://{host}:{port}{slash}{path}"
             if (
                 row.get("region_id") == self.cloud.region
-                and host in (self.cloud.front_ip, self.cloud.back_ip)
+                and now in (self.cloud.front_ip, self.cloud.back_ip)
                 and scheme in ("http", "https")
-                and scheme != self.cloud.scheme
+                and url != row["url"]
             ):
-                url = f"{self.cloud.scheme}://{rest}"
                 ks.call("PATCH", f"/endpoints/{row['id']}", {"endpoint": {"url": url}})
 
     def _seed_heat_domain(self, ks: Keystone) -> None:

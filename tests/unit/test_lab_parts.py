@@ -851,10 +851,10 @@ def test_a_tls_lab_serves_and_trusts_https_everywhere(tmp_path: Path):
     assert router["clouds"]["cloudtwo-router"]["cacert"] == str(paths.ca_cert)
 
 
-def test_a_switch_to_tls_moves_the_endpoints_of_services_no_longer_run(tmp_path: Path):
-    """`lab up --tls` after a lab that ran more services: their endpoints (kept in the
-    catalog, as always) move to https too, and back with --no-tls; other regions' and other
-    hosts' endpoints are left alone."""
+def test_the_endpoints_of_services_no_longer_run_follow_the_labs_mode(tmp_path: Path):
+    """A lab that ran more services keeps their endpoints in the catalog; `lab up --tls` /
+    `--no-tls` / `--no-router` move them like the others (scheme, router or backend address),
+    so the catalog import sees one consistent catalog; other regions' and hosts' are left."""
     from scoperouter_lab.cloud import CloudRunner, Step
     from scoperouter_lab.layout import LabPaths
     from scoperouter_lab.procs import ProcessTable
@@ -879,12 +879,15 @@ def test_a_switch_to_tls_moves_the_endpoints_of_services_no_longer_run(tmp_path:
         {"id": "e", "region_id": "CloudOne", "url": "http://203.0.113.9:8080"},
     ]
     catalog = Catalog([dict(r) for r in rows])
-    for tls, want in ((True, "https"), (False, "http")):
-        ctx = CloudContext(CloudSpec(1, tls=tls), LabPaths(tmp_path), SECRETS, routed=True)
+    modes = ((True, True, "https://127.0.0.2:"), (False, False, "http://127.0.1.2:"),
+             (True, False, "https://127.0.1.2:"), (False, True, "http://127.0.0.2:"))  # fmt: skip
+    for tls, routed, want in modes:
+        ctx = CloudContext(CloudSpec(1, tls=tls), LabPaths(tmp_path), SECRETS, routed=routed)
         runner = CloudRunner(ctx, resolve_services(None), ProcessTable(tmp_path / "run"),
-                             Step(lambda *a: None), proxy_env=True)  # fmt: skip
-        runner._endpoints_in_scheme(catalog)  # type: ignore[arg-type]
+                             Step(lambda *a: None), proxy_env=routed)  # fmt: skip
+        runner._align_endpoints(catalog)  # type: ignore[arg-type]
         urls = {i: r["url"] for i, r in catalog.rows.items()}
-        assert {urls[i].split("://")[0] for i in "abc"} == {want}
-        assert urls["a"].endswith(":8080/v1/AUTH_%(project_id)s")
+        assert all(urls[i].startswith(want) for i in "abc"), urls
+        assert urls["a"] == want + "8080/v1/AUTH_%(project_id)s"
+        assert urls["b"] == want + "9292"
         assert (urls["d"], urls["e"]) == (rows[3]["url"], rows[4]["url"])
