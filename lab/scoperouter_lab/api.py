@@ -1,20 +1,59 @@
 """A tiny OpenStack REST client on urllib, for seeding the lab and checking health.
 
 The lab's own process has no OpenStack libraries (they live in the lab venv); a few dozen REST
-calls do not need them. Requests never use an environment proxy.
+calls do not need them. Requests never use an environment proxy. https URLs (a TLS lab) are
+verified with the system's CAs and the file :func:`trust` names (the lab's CA).
 """
 
 from __future__ import annotations
 
 import json
 import socket
+import socketserver
+import ssl
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+_CAFILES: list[Path] = []
+
+
+def trust(cafile: Path) -> None:
+    """Verify https servers with `cafile` too (besides the system's CAs): a TLS lab's CA. The
+    file may be made later: it is read on every https request."""
+    if cafile not in _CAFILES:
+        _CAFILES.append(cafile)
+
+
+def _opener(url: str) -> urllib.request.OpenerDirector:
+    if not url.startswith("https:") or not _CAFILES:
+        return _OPENER
+    context = ssl.create_default_context()
+    for cafile in _CAFILES:
+        context.load_verify_locations(cafile=str(cafile))
+    return urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
+    )
+
+
+def serve_tls(server: socketserver.TCPServer, cert: str, key: str) -> None:
+    """Make a stand-in's server (not yet serving) speak https with `cert` and `key`. Each
+    connection's handshake happens on its first read, in the thread that handles it (not in
+    the accepting loop, which a client slow to say hello would hold up)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(
+        server.socket, server_side=True, do_handshake_on_connect=False
+    )
+
+
+def scheme(handler: socketserver.BaseRequestHandler) -> str:
+    """The scheme a stand-in's request came in with (its links say the same)."""
+    return "https" if isinstance(handler.request, ssl.SSLSocket) else "http"
 
 
 class ApiError(RuntimeError):
@@ -43,7 +82,7 @@ def request(
     hdrs.update(headers or {})
     req = urllib.request.Request(url, data=data, method=method, headers=hdrs)
     try:
-        with _OPENER.open(req, timeout=timeout) as resp:
+        with _opener(url).open(req, timeout=timeout) as resp:
             return resp.status, dict(resp.headers.items()), resp.read()
     except urllib.error.HTTPError as err:
         payload = err.read()

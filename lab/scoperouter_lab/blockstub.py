@@ -24,6 +24,8 @@ import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+from scoperouter_lab.api import scheme, serve_tls
+
 MIN_VERSION, MAX_VERSION = "3.0", "3.71"
 _PROJECT = re.compile(r"^[0-9a-f]{32}$")
 _QUOTAS = ("volumes", "snapshots", "gigabytes", "backups", "backup_gigabytes", "groups",
@@ -100,7 +102,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         parts = urlsplit(self.path)
         host, port = self.server.server_address[:2]  # type: ignore[index,str-unpack]
-        base = f"http://{self.headers.get('Host') or f'{host}:{port}'}"
+        base = f"{scheme(self)}://{self.headers.get('Host') or f'{host}:{port}'}"
         self._send(*answer(parts.path, parse_qs(parts.query), base))
 
     do_HEAD = do_GET
@@ -128,9 +130,13 @@ def make_server(host: str, port: int) -> ThreadingHTTPServer:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--listen", required=True, help="HOST:PORT to listen on")
+    parser.add_argument("--tls-cert", help="serve https with this certificate (a TLS lab)")
+    parser.add_argument("--tls-key", help="and this key")
     args = parser.parse_args(argv)
     host, _, port = args.listen.rpartition(":")
     server = make_server(host, int(port))
+    if args.tls_cert:
+        serve_tls(server, args.tls_cert, args.tls_key or args.tls_cert)
     sys.stderr.write(f"block-storage stand-in listening on {args.listen}\n")
     sys.stderr.flush()
     with contextlib.suppress(KeyboardInterrupt):

@@ -108,6 +108,16 @@ def register(
         help="settings.data_path of the routers' federation config (default: what the lab "
         "had, else the router's default); the lab's routers restart with it",
     )
+    up.add_argument(
+        "--tls",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="every endpoint of every cloud in https: the services serve TLS with certificates "
+        "of the lab's CA (<dir>/pki), the routers' frontends too, the services call each other "
+        "through their router's forward proxy (HTTPS_PROXY, intercepted) and trust the lab's "
+        "CA and their router's interception CA; clouds.yaml names the CA (cacert). Default: "
+        "what the lab had, else plain HTTP (--no-tls turns it off again)",
+    )
     _add_dir(up)
     up.set_defaults(lab_func=_up)
 
@@ -176,7 +186,12 @@ def _up(args: argparse.Namespace) -> int:
         print(f"scoperouter lab up: {exc}", file=sys.stderr)
         return 2
     return Lab(
-        _dir(args.dir), args.clouds, services, router=args.router, data_path=args.data_path
+        _dir(args.dir),
+        args.clouds,
+        services,
+        router=args.router,
+        data_path=args.data_path,
+        tls=args.tls,
     ).up()
 
 

@@ -167,7 +167,10 @@ class CloudRunner:
     def health_url(self, what: str) -> str:
         """Where a process with a port answers once it serves (any status below 500)."""
         path = "/healthcheck" if what.startswith("swift-") else "/"
-        return f"http://{self.cloud.back_ip}:{self.listen_port(what)}{path}"
+        # a TLS lab's storage servers of swift stay plain (only its proxy reaches them)
+        plain = what.startswith("swift-") and what != "swift-proxy"
+        scheme = "http" if plain else self.cloud.scheme
+        return f"{scheme}://{self.cloud.back_ip}:{self.listen_port(what)}{path}"
 
     # ------------------------------------------------------------------ environment
 
@@ -188,9 +191,25 @@ class CloudRunner:
             # the services' own outgoing HTTP calls go through this cloud's router
             proxy = f"http://{self.cloud.proxy_listen}"
             env.update(HTTP_PROXY=proxy, http_proxy=proxy)
+            if self.cloud.tls:
+                # and their https calls too (CONNECT, intercepted by the router: its CA is
+                # in their trust bundle)
+                env.update(HTTPS_PROXY=proxy, https_proxy=proxy)
+        if self.cloud.tls:
+            # what they trust: python-requests (keystoneauth, keystonemiddleware) reads
+            # REQUESTS_CA_BUNDLE, Python's ssl module (urllib, the stand-ins) SSL_CERT_FILE.
+            # Only the environment, no `cafile` in their configs (it would win over it): as in
+            # production, a drop-in's REQUESTS_CA_BUNDLE (playbooks/federation.yml) decides
+            bundle = str(self.paths.trust_bundle(self.cloud))
+            env.update(REQUESTS_CA_BUNDLE=bundle, SSL_CERT_FILE=bundle)
         if what is not None and what.startswith("swift-"):
             # the log hook swift's configs name (templates.SWIFT_LOG_HOOK)
             env["PYTHONPATH"] = str(self.ctx.etc("swift"))
+        if what in STAND_INS:
+            # the stand-ins are modules of this package: the very copy running the lab (a
+            # checkout's, when it is on PYTHONPATH in front of an installed one), as the
+            # fingerprint of their source says (_spec)
+            env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
         if what is not None:
             env.update(dropin_environment(self.paths.dropins(self.pname(what))))
         return env
@@ -423,6 +442,9 @@ class CloudRunner:
                     f"{self.cloud.back_ip}:{self.cloud.port(stype)}"]  # fmt: skip
             if stype == "network":  # the project of a token, for what a user creates
                 argv += ["--keystone", self.ctx.keystone_url]  # as the services find it
+            if self.cloud.tls:
+                cert, key = self.paths.tls_files(self.cloud, "backend")
+                argv += ["--tls-cert", str(cert), "--tls-key", str(key)]
             confs = [Path(__file__).with_name(module.rsplit(".", 1)[1] + ".py")]
         elif what in API_PROCESSES:
             service = what.split("-")[0]
@@ -449,7 +471,10 @@ class CloudRunner:
             confs = [self.ctx.etc(service) / f"{service}.conf"]
             argv = [str(self.paths.venv_bin(what)), "--config-file", str(confs[0])]
         env = self.env(what)
-        fp = fingerprint(argv, {k: v for k, v in env.items() if "PROXY" in k.upper()}, *confs)
+        trust = ("REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")
+        fp = fingerprint(
+            argv, {k: v for k, v in env.items() if "PROXY" in k.upper() or k in trust}, *confs
+        )
         return argv, fp
 
     def _stop_changed(self) -> None:
@@ -551,7 +576,28 @@ class CloudRunner:
         for stype in self.service_types():
             sid = ks.ensure_service(stype, SERVICE_NAMES[stype])
             ks.ensure_endpoint(sid, "public", self.cloud.endpoint_url(stype, routed), region)
+        self._align_endpoints(ks)
         return f"{len(self.service_types())} endpoints -> {'router' if routed else 'backends'}"
+
+    def _align_endpoints(self, ks: Keystone) -> None:
+        """The endpoints of services this cloud no longer runs (a lab that had more) stay in
+        its catalog, as they always did, but follow the lab's mode like the others: on the
+        router or on the backend address (`--no-router`), https or http (`--tls`), so the
+        catalog is consistent (the catalog import reads every endpoint: one left on the
+        router's address while the others are on the backends reads as a routing loop)."""
+        host = self.cloud.front_ip if self.ctx.routed else self.cloud.back_ip
+        for row in ks.call("GET", "/endpoints")["endpoints"]:
+            scheme, _, rest = str(row["url"]).partition("://")
+            where, slash, path = rest.partition("/")
+            now, _, port = where.rpartition(":")
+            url = f"{self.cloud.scheme}://{host}:{port}{slash}{path}"
+            if (
+                row.get("region_id") == self.cloud.region
+                and now in (self.cloud.front_ip, self.cloud.back_ip)
+                and scheme in ("http", "https")
+                and url != row["url"]
+            ):
+                ks.call("PATCH", f"/endpoints/{row['id']}", {"endpoint": {"url": url}})
 
     def _seed_heat_domain(self, ks: Keystone) -> None:
         """What heat needs in keystone besides its user, as devstack makes it: the domain of the

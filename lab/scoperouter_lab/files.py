@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from scoperouter_lab.layout import SERVICE_PORTS, CloudSpec
+from scoperouter_lab.layout import SERVICE_PORTS, CloudSpec, LabPaths
 from scoperouter_lab.templates import Secrets
 
 DOWN_CLOUD = "CloudDown"
@@ -16,10 +17,18 @@ DOWN_CLOUD = "CloudDown"
 name it (``{"image": "CloudDown | CloudTwo"}``: the e2e tests of failover)."""
 DOWN_HOST = "127.0.0.99"
 
+MISMATCH_SERVICE = ("key-manager", 9311)
+"""A TLS lab's endpoint whose certificate does not match its address: CloudOne's federation
+config (not its keystone catalog) has this service type at ``https://<backend address>:9311``,
+where nothing of the lab listens. The e2e test of upstream verification
+(tests/e2e/test_tls_lab.py) serves it there with a certificate of the lab's CA made for another
+address; the router must refuse it (502, "TLS certificate verification failed")."""
+
 
 def federation_config(
     rows_by_cloud: Mapping[CloudSpec, Sequence[Mapping[str, str]]],
     data_path: str | None = None,
+    paths: LabPaths | None = None,
 ) -> dict[str, Any]:
     """The federation config (docs/design.md) from live keystone endpoint lists, by the
     project's catalog import (:func:`scoperouter.catalog_import.import_catalog`).
@@ -27,6 +36,11 @@ def federation_config(
     Each row is one ``openstack endpoint list`` line (service_type, interface, url, region).
     A row already on the router (a lab brought up with routers) is first moved back onto the
     backend address; the import then advertises each backend on the router's address.
+
+    TLS clouds (a TLS lab; `paths` says where its files are): each router's https frontends
+    get its frontend certificate, its forward proxy the cloud's interception CA, and the
+    routers verify every upstream with the lab's CA (``settings.ca_bundle``); the first cloud
+    gets :data:`MISMATCH_SERVICE` too.
     """
     from scoperouter.catalog_import import CloudEndpoints, import_catalog
 
@@ -48,6 +62,19 @@ def federation_config(
                 )
             backends.append({**row, "url": url})
         others = [c for c in rows_by_cloud if c != cloud]
+        tls: dict[str, Any] = {}
+        if cloud.tls and paths is not None:
+            cert, key = paths.tls_files(cloud, "frontend")
+            ca, ca_key = paths.tls_files(cloud, "proxy-ca")
+            tls = {
+                "router_tls": {"cert": str(cert), "key": str(key)},
+                "proxy_ca": {"ca": str(ca), "ca_key": str(ca_key)},
+            }
+            if cloud.index == 1:
+                stype, port = MISMATCH_SERVICE
+                url = f"https://{cloud.back_ip}:{port}"
+                backends.append({"service_type": stype, "interface": "public", "url": url,
+                                 "region": cloud.region})  # fmt: skip
         clouds.append(
             CloudEndpoints(
                 name=cloud.name,
@@ -57,11 +84,14 @@ def federation_config(
                 proxy_listen=cloud.proxy_listen,
                 # clouds.yaml entries (written by the lab) of the router user of each other cloud
                 credentials={c.name: router_entry(c) for c in others},
+                **tls,
             )
         )
     if rows_by_cloud:
         clouds.append(_down_cloud())
     settings: dict[str, Any] = {"hop_limit": 8, "connect_timeout": 5.0, "response_timeout": 120.0}
+    if paths is not None and any(c.tls for c in rows_by_cloud):
+        settings["ca_bundle"] = str(paths.ca_cert)  # the lab's CA: every TLS upstream's
     if data_path is not None:  # `lab up --data-path`; else the router's default
         settings["data_path"] = data_path
     return import_catalog(clouds, settings)
@@ -93,7 +123,12 @@ def _secrets(secrets: SecretsOf, cloud: CloudSpec) -> Secrets:
 
 
 def _entry(
-    cloud: CloudSpec, routed: bool, user: str, password: str | None, project: str
+    cloud: CloudSpec,
+    routed: bool,
+    user: str,
+    password: str | None,
+    project: str,
+    cacert: Path | None = None,
 ) -> dict[str, Any]:
     auth = {
         "auth_url": cloud.endpoint_url("identity", routed),
@@ -103,36 +138,47 @@ def _entry(
         "user_domain_name": "Default",
         "project_domain_name": "Default",
     }
-    return {
+    entry: dict[str, Any] = {
         "auth": auth,
         "region_name": cloud.region,
         "interface": "public",
         "identity_api_version": 3,
     }
+    if cloud.tls and cacert is not None:
+        entry["cacert"] = str(cacert)  # the lab's CA: the routers' and services' https
+    return entry
 
 
-def clouds_config(clouds: Sequence[CloudSpec], secrets: SecretsOf, routed: bool) -> dict[str, Any]:
+def clouds_config(
+    clouds: Sequence[CloudSpec], secrets: SecretsOf, routed: bool, cacert: Path | None = None
+) -> dict[str, Any]:
     """`<cloud>` (demo user, demo project), `<cloud>-alt` (alt_demo, a second ordinary user),
     `<cloud>-admin`, `<cloud>-router` (the user the routers of the other clouds use there:
     service role only). The lab user's file: every entry has the password of its own cloud
-    only."""
+    only. TLS clouds' entries name `cacert` (the lab's CA)."""
     out: dict[str, dict[str, Any]] = {}
     for cloud in clouds:
         sec = _secrets(secrets, cloud)
-        out[cloud.slug] = _entry(cloud, routed, "demo", sec.demo, "demo")
-        out[f"{cloud.slug}-alt"] = _entry(cloud, routed, "alt_demo", sec.alt_demo, "alt_demo")
-        out[f"{cloud.slug}-admin"] = _entry(cloud, routed, "admin", sec.admin, "admin")
-        out[router_entry(cloud)] = _entry(cloud, routed, "scoperouter", sec.router, "service")
+        out[cloud.slug] = _entry(cloud, routed, "demo", sec.demo, "demo", cacert)
+        out[f"{cloud.slug}-alt"] = _entry(
+            cloud, routed, "alt_demo", sec.alt_demo, "alt_demo", cacert
+        )
+        out[f"{cloud.slug}-admin"] = _entry(cloud, routed, "admin", sec.admin, "admin", cacert)
+        out[router_entry(cloud)] = _entry(
+            cloud, routed, "scoperouter", sec.router, "service", cacert
+        )
     return {"clouds": out}
 
 
 def router_clouds_config(
-    others: Sequence[CloudSpec], secrets: SecretsOf, routed: bool
+    others: Sequence[CloudSpec], secrets: SecretsOf, routed: bool, cacert: Path | None = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """clouds.yaml and secure.yaml of one router: the `<cloud>-router` entry of each other cloud
     it reaches (its federation `credentials`), the passwords in secure.yaml only. Nothing else:
     a router's configuration holds no admin password, of its own cloud or another."""
-    clouds = {router_entry(c): _entry(c, routed, "scoperouter", None, "service") for c in others}
+    clouds = {
+        router_entry(c): _entry(c, routed, "scoperouter", None, "service", cacert) for c in others
+    }
     secure = {router_entry(c): {"auth": {"password": _secrets(secrets, c).router}} for c in others}
     return {"clouds": clouds}, {"clouds": secure}
 

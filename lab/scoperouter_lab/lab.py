@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TextIO
 
-from scoperouter_lab import files, pki
+from scoperouter_lab import api, files, pki
 from scoperouter_lab.api import ApiError, Keystone, http_status, port_open, wait_for
 from scoperouter_lab.cloud import CloudRunner, Step
 from scoperouter_lab.infra import (
@@ -124,6 +124,7 @@ class Lab:
         router: str = "auto",
         out: TextIO | None = None,
         data_path: str | None = None,
+        tls: bool | None = None,
     ) -> None:
         self.paths = LabPaths(root)
         self.procs = ProcessTable(self.paths.run)
@@ -143,7 +144,11 @@ class Lab:
         # settings.data_path of the routers (None: what the lab had, else the router's default)
         self.data_path: str | None = data_path or self.state.get("data_path")
         self.routed = bool(self.state.get("routed", False))
-        self.clouds = [CloudSpec(i) for i in range(1, self.n_clouds + 1)]
+        # every endpoint in https (`lab up --tls`; None: what the lab had, else plain)
+        self.tls = bool(self.state.get("tls", False)) if tls is None else tls
+        self.clouds = [CloudSpec(i, tls=self.tls) for i in range(1, self.n_clouds + 1)]
+        if self.tls:
+            api.trust(self.paths.ca_cert)  # the lab's own calls verify its services and routers
 
     # ------------------------------------------------------------------ state
 
@@ -190,18 +195,23 @@ class Lab:
         need_rabbit = needs_messaging(self.services)
         p.line(
             "scoperouter lab up",
-            f"{self.n_clouds} clouds, {','.join(self.services)}, dir {self.paths.root}",
+            f"{self.n_clouds} clouds, {','.join(self.services)}"
+            + (", TLS" if self.tls else "")
+            + f", dir {self.paths.root}",
         )
         try:
             self.paths.root.mkdir(parents=True, exist_ok=True)
             self.paths.logs.mkdir(parents=True, exist_ok=True)
             sec = self.secrets()
-            self.state.update(clouds=self.n_clouds, services=list(self.services))
+            self.state.update(clouds=self.n_clouds, services=list(self.services), tls=self.tls)
             self._save_state()
             p.run("Debian packages (postgresql"
                   + (", rabbitmq-server)" if need_rabbit else ")"),
                   lambda: ensure_packages(self.paths, need_rabbit))  # fmt: skip
             p.run("OpenStack venv (pinned, <dir>/venv)", lambda: ensure_venv(self.paths))
+            if self.tls:
+                p.run("TLS: the lab's CA, each cloud's certificates (<dir>/pki)",
+                      lambda: pki.tls_files(self.paths, self.clouds))  # fmt: skip
             self._decide_router()
             self._stop_unwanted()
             pg = Postgres(self.paths, self.procs)
@@ -328,7 +338,7 @@ class Lab:
         rows = {r.cloud: r.endpoint_rows() for r in runners}
         sec = self.secrets_by_cloud()
         # Every hop from one router to another over TLS, verified with the lab's own CA.
-        fed = files.federation_config(rows, data_path=self.data_path)
+        fed = files.federation_config(rows, data_path=self.data_path, paths=self.paths)
         fed = pki.peer_links(fed, self.paths.pki)
         self.state["data_path"] = self.data_path
         header = (
@@ -337,11 +347,14 @@ class Lab:
         )
         self._write(self.paths.federation_yaml, files.dump(fed, header))
         self._check_federation()
-        clouds = files.clouds_config(self.clouds, sec, self.routed)
+        cacert = self.paths.ca_cert if self.tls else None
+        clouds = files.clouds_config(self.clouds, sec, self.routed, cacert)
         self._write(self.paths.clouds_yaml, files.dump(clouds, header), mode=0o600)
         for cloud in self.clouds:
             others = [c for c in self.clouds if c != cloud]
-            router_clouds, router_secure = files.router_clouds_config(others, sec, self.routed)
+            router_clouds, router_secure = files.router_clouds_config(
+                others, sec, self.routed, cacert
+            )
             config, secure = self._router_files(cloud)
             config.parent.mkdir(parents=True, exist_ok=True)
             self._write(config, files.dump(router_clouds, header), mode=0o600)
@@ -473,6 +486,7 @@ class Lab:
         print(
             f"lab {self.paths.root}: {self.n_clouds} clouds, {','.join(self.services)}, "
             f"{'routed' if self.routed else 'NOT routed (no router)'}"
+            + (", TLS (every endpoint https, the lab's CA <dir>/pki/ca.crt)" if self.tls else "")
         )
         recs = {r.name: r for r in self.procs.all()}
         want = sorted(self._desired(), key=self._display_key)

@@ -12,6 +12,10 @@ Address plan (cloud i = 1, 2, 3 ...):
 
 Same ports and paths on both sides keep version-discovery links right: the router keeps the
 ``Host`` header, so a service builds links to the frontend the client used.
+
+A TLS lab (``lab up --tls``, :attr:`CloudSpec.tls`) has the same addresses and ports, every
+endpoint in https: the services' own (their backend certificates), the routers' frontends
+(their frontend certificates), all issued by the lab's CA (:mod:`scoperouter_lab.pki`).
 """
 
 from __future__ import annotations
@@ -154,6 +158,11 @@ def needs_messaging(services: tuple[str, ...]) -> bool:
 @dataclass(frozen=True)
 class CloudSpec:
     index: int  # 1-based
+    tls: bool = False  # every endpoint (backends and router frontends) in https
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
 
     @property
     def name(self) -> str:
@@ -180,10 +189,10 @@ class CloudSpec:
 
     def frontend_url(self, service_type: str) -> str:
         """Base URL of the router frontend for a service (no path)."""
-        return f"http://{self.front_ip}:{self.port(service_type)}"
+        return f"{self.scheme}://{self.front_ip}:{self.port(service_type)}"
 
     def backend_url(self, service_type: str) -> str:
-        return f"http://{self.back_ip}:{self.port(service_type)}"
+        return f"{self.scheme}://{self.back_ip}:{self.port(service_type)}"
 
     def endpoint_url(self, service_type: str, routed: bool) -> str:
         """The URL the keystone catalog advertises (router frontend, or backend when unrouted)."""
@@ -238,6 +247,23 @@ class LabPaths:
     def pki(self) -> Path:
         """The lab's CA and the routers' peer-link certificates (keys mode 0600)."""
         return self.root / "pki"
+
+    @property
+    def ca_cert(self) -> Path:
+        """The lab's CA: it signs the peer links' and, in a TLS lab, every endpoint's
+        certificate (what clients and routers verify with)."""
+        return self.pki / "ca.crt"
+
+    def tls_files(self, cloud: CloudSpec, what: str) -> tuple[Path, Path]:
+        """A TLS lab's certificate and key of `cloud`: ``backend`` (its services, on its
+        backend address), ``frontend`` (its router's https frontends) or ``proxy-ca`` (the CA
+        its router's forward proxy intercepts TLS with)."""
+        return self.pki / f"{cloud.slug}-{what}.crt", self.pki / f"{cloud.slug}-{what}.key"
+
+    def trust_bundle(self, cloud: CloudSpec) -> Path:
+        """What the services of `cloud` trust in a TLS lab (their REQUESTS_CA_BUNDLE and
+        SSL_CERT_FILE): the lab's CA and the cloud's interception CA."""
+        return self.pki / f"{cloud.slug}-trust.pem"
 
     def venv_bin(self, name: str) -> Path:
         return self.venv / "bin" / name

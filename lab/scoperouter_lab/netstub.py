@@ -53,6 +53,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from scoperouter_lab.api import scheme, serve_tls
+
 _COLLECTION = re.compile(r"^/v2\.0/([a-z0-9_-]+?)(?:\.json)?/?$")
 _ITEM = re.compile(r"^/v2\.0/([a-z0-9_-]+)/([^/]+?)(?:\.json)?/?$")
 _QUOTA_KEYS = ("network", "subnet", "port", "router", "floatingip", "security_group",
@@ -510,7 +512,7 @@ class Handler(BaseHTTPRequestHandler):
     def _get(self) -> None:
         path, query = self._target()
         if path in ("", "/"):
-            link = {"href": f"http://{self._host()}/v2.0/", "rel": "self"}
+            link = {"href": f"{scheme(self)}://{self._host()}/v2.0/", "rel": "self"}
             self._send(200, {"versions": [{"id": "v2.0", "status": "CURRENT", "links": [link]}]})
             return
         if path.rstrip("/") == "/v2.0":
@@ -610,10 +612,14 @@ def make_server(host: str, port: int, keystone: str | None = None) -> ThreadingH
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--listen", required=True, help="HOST:PORT to listen on")
+    parser.add_argument("--tls-cert", help="serve https with this certificate (a TLS lab)")
+    parser.add_argument("--tls-key", help="and this key")
     parser.add_argument("--keystone", help="keystone's /v3 URL: the project of a token")
     args = parser.parse_args(argv)
     host, _, port = args.listen.rpartition(":")
     server = make_server(host, int(port), args.keystone)
+    if args.tls_cert:
+        serve_tls(server, args.tls_cert, args.tls_key or args.tls_cert)
     sys.stderr.write(f"network stand-in listening on {args.listen}\n")
     sys.stderr.flush()
     with contextlib.suppress(KeyboardInterrupt):

@@ -45,6 +45,11 @@ class CloudContext:
     routed: bool  # catalog endpoints point at the router (else straight at the backends)
 
     @property
+    def tls(self) -> bool:
+        """Every endpoint of the cloud in https (``lab up --tls``)."""
+        return self.cloud.tls
+
+    @property
     def keystone_url(self) -> str:
         """Where the services find keystone: the catalog's identity URL."""
         return self.cloud.endpoint_url("identity", self.routed)
@@ -282,8 +287,14 @@ def uwsgi_ini(
     envs = "".join(f"env = {k}={v}\n" for k, v in env.items())
     if argv:
         envs += f"pyargv = {' '.join(argv)}\n"
+    socket = f"http-socket = {ctx.cloud.back_ip}:{port}"
+    if ctx.tls:
+        # a TLS lab: uWSGI serves https itself (its OpenSSL plugin; the same HTTP parser as
+        # http-socket, so the options below hold), with the cloud's backend certificate
+        cert, key = ctx.paths.tls_files(ctx.cloud, "backend")
+        socket = f"https-socket = {ctx.cloud.back_ip}:{port},{cert},{key}"
     return f"""[uwsgi]
-http-socket = {ctx.cloud.back_ip}:{port}
+{socket}
 module = {module}
 virtualenv = {ctx.paths.venv}
 master = true
@@ -436,8 +447,14 @@ default = yes
 
 def _swift_default(ctx: CloudContext, kind: str, port: int) -> str:
     # workers = 0: one process serves (no fork); mount_check off: the devices are directories
+    tls = ""
+    if ctx.tls and kind == "proxy":
+        # a TLS lab: the proxy (the catalog's endpoint) serves https itself (eventlet's wsgi);
+        # its storage servers, which only it reaches, stay plain
+        cert, key = ctx.paths.tls_files(ctx.cloud, "backend")
+        tls = f"cert_file = {cert}\nkey_file = {key}\n"
     return f"""[DEFAULT]
-bind_ip = {ctx.cloud.back_ip}
+{tls}bind_ip = {ctx.cloud.back_ip}
 bind_port = {port}
 workers = 0
 swift_dir = {ctx.etc("swift")}

@@ -25,6 +25,17 @@ is not systemd here) and must:
   before), removes the drop-ins (the services run without HTTP_PROXY again), stops the routers,
   deletes the router user and removes the peer links' files (the routers' and the controller's).
 
+On a TLS lab (`lab up --no-router --tls`: every endpoint https with the lab's CA, issue 22)
+the playbook takes the TLS clouds' way (docs/deploying/federation.md, "TLS clouds"), and the
+test checks it too: https frontends with a certificate of the federation's CA, an interception
+CA per cloud (key 0600, the router's user's) named by `proxy`, `HTTPS_PROXY` and
+`REQUESTS_CA_BUNDLE` in the drop-ins, the CA in the services' trust (the trust-anchor directory
+and its update command, here a scratch directory and a `cat` that builds the bundle the
+drop-ins name, where a host runs update-ca-certificates), the routers' credentials verifying the
+other router's https frontend (`cacert`), the upstreams verified with the lab's CA
+(`scoperouter_federation_overrides`); the e2e checks then pass with nova's https calls to glance
+intercepted by CloudOne's router; `state=absent` removes all of it.
+
 Run with `SCOPEROUTER_FEDERATION_LAB=1 pytest -m deploy tests/deploy/test_federation.py`
 (without the variable it skips: the lab it needs is not the routed one of the e2e suite);
 `.ci/run` runs it in its own step, on the lab brought up again with --no-router. The routers
@@ -95,6 +106,22 @@ class Federation:
     set_aside: list[tuple[Path, Path]] = field(default_factory=list)  # (where now, original)
     undone: bool = False  # state=absent ran and passed its checks
     pids: dict[str, int] = field(default_factory=dict)  # the lab's services, before a run
+    tls: bool = False  # a TLS lab (`lab up --tls`): the TLS clouds' way
+
+    @property
+    def lab_ca(self) -> Path:
+        return self.lab_root / "pki" / "ca.crt"
+
+    @property
+    def anchors(self) -> Path:
+        """The trust-anchor directory the playbook writes the interception CAs into."""
+        return self.base / "anchors"
+
+    @property
+    def trust_bundle(self) -> Path:
+        """What the trust update command builds from the anchors (and the lab's CA): the
+        services' REQUESTS_CA_BUNDLE."""
+        return self.base / "trust.pem"
 
     def check_proxy(self, cloud: Any, proxy: str | None) -> None:
         """Each service of `cloud` was restarted since `pids` was taken, and runs with
@@ -107,6 +134,11 @@ class Federation:
             if "PATH" in env:  # not written over by a process title (uWSGI leaves scraps)
                 readable += 1
                 assert env.get("HTTP_PROXY") == proxy, name
+                if self.tls:  # their https calls too, trusting the interception CA
+                    assert env.get("HTTPS_PROXY") == proxy, name
+                    bundle = str(self.trust_bundle) if proxy else None
+                    lab_bundle = str(self.lab_root / "pki" / f"{cloud.slug}-trust.pem")
+                    assert env.get("REQUESTS_CA_BUNDLE") == (bundle or lab_bundle), name
         assert readable >= 2, "no service's environment could be read"
 
     def take_pids(self) -> None:
@@ -121,6 +153,8 @@ class Federation:
             "ANSIBLE_FORKS": "2",
             "ANSIBLE_PIPELINING": "1",
         }
+        if self.tls:  # the uri module's calls to the keystones (https, the lab's CA)
+            env["SSL_CERT_FILE"] = str(self.lab_ca)
         return run_playbook(
             "federation.yml", self.inventory, *extra, env=env, timeout=2400, tail=8000
         )
@@ -231,7 +265,12 @@ def fed() -> Iterator[Federation]:
     if state.get("routed") or state.get("clouds", 0) < 2:
         _unavailable(f"the lab in {lab_root} has routers or fewer than 2 clouds: this test needs "
                      "`scoperouter lab up --no-router` (2 clouds)")  # fmt: skip
-    clouds = [CloudSpec(i) for i in range(1, state["clouds"] + 1)]
+    tls = bool(state.get("tls"))
+    clouds = [CloudSpec(i, tls=tls) for i in range(1, state["clouds"] + 1)]
+    if tls:
+        from scoperouter_lab import api
+
+        api.trust(lab_root / "pki" / "ca.crt")  # the keystones' https
     base = scratch_dir("fed")
     venv = _router_venv(base)
     groups = {}
@@ -271,6 +310,22 @@ def fed() -> Iterator[Federation]:
         ],
         "scoperouter_federation_state_dir": str(base / "state"),
     }
+    if tls:
+        anchors, bundle = base / "anchors", base / "trust.pem"
+        lab_ca = lab_root / "pki" / "ca.crt"
+        # a host's update-ca-certificates, here: the bundle of the lab's CA (the services'
+        # own) and the anchors, replaced at once (both clouds' hosts run it, in parallel)
+        update = (f'tmp=$(mktemp {base}/trust.XXXXXX) && cat {lab_ca} {anchors}/*.crt > "$tmp" '
+                  f'2>/dev/null; chmod 644 "$tmp" && mv "$tmp" {bundle}')  # fmt: skip
+        common.update(
+            {
+                "scoperouter_federation_trust_anchor_dir": str(anchors),
+                "scoperouter_federation_trust_update": ["sh", "-c", update],
+                "scoperouter_federation_ca_bundle": str(bundle),
+                # the routers verify the clouds' https services with the lab's CA
+                "scoperouter_federation_overrides": {"settings": {"ca_bundle": str(lab_ca)}},
+            }
+        )
     inventory = base / "inventory.yml"
     inventory.write_text(
         yaml.safe_dump(
@@ -283,7 +338,10 @@ def fed() -> Iterator[Federation]:
         inventory=inventory,
         clouds=clouds,
         admin_passwords={c.slug: state["cloud_secrets"][c.slug]["admin"] for c in clouds},
+        tls=tls,
     )
+    if tls:
+        federation.anchors.mkdir(mode=0o755)
     federation.before = {c.name: federation.endpoints(c) for c in clouds}
     try:
         yield federation
@@ -336,6 +394,38 @@ def _peer_certificate(fed: Federation, cloud: Any) -> dict[str, Any]:
     return cert
 
 
+def _check_tls_present(
+    fed: Federation, cloud: Any, config: dict[str, Any], entries: dict[str, Any]
+) -> None:
+    """A TLS cloud's part of the present state: the router's https frontends (a certificate of
+    the federation's CA for its address), its forward proxy's interception CA (key 0600, the
+    router's user's), that CA among the services' trust anchors and in the bundle their
+    drop-ins name."""
+    etc = fed.etc(cloud)
+    mine = config["clouds"][cloud.name]
+    assert mine["proxy"] == {"listen": cloud.proxy_listen, "ca": str(etc / "proxy-ca.crt"),
+                             "ca_key": str(etc / "proxy-ca.key")}  # fmt: skip
+    assert mine["frontends"] and all(f["url"].startswith("https://") for f in mine["frontends"])
+    for front in mine["frontends"]:
+        assert front["tls"] == {"cert": str(etc / "frontend.crt"), "key": str(etc / "frontend.key")}
+    for key in (etc / "proxy-ca.key", etc / "frontend.key"):
+        assert key.stat().st_mode & 0o777 == 0o600, key
+        assert key.stat().st_uid == pwd.getpwnam(_router_account(cloud)).pw_uid, key
+    proxy_ca = (etc / "proxy-ca.crt").read_bytes()
+    assert proxy_ca == (fed.pki / f"{cloud.slug}-proxy-ca.crt").read_bytes()
+    anchor = fed.anchors / f"scoperouter-{cloud.slug}-proxy-ca.crt"
+    assert anchor.read_bytes().strip() == proxy_ca.strip()
+    assert proxy_ca.strip() in fed.trust_bundle.read_bytes()
+    # the frontend presents a certificate of the federation's CA for the router's address
+    context = ssl.create_default_context(cafile=str(fed.pki / "ca.crt"))
+    with (
+        socket.create_connection((cloud.front_ip, 5000), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname=cloud.front_ip) as tls,
+    ):
+        cert = tls.getpeercert()
+    assert cert is not None and cert["subjectAltName"] == (("IP Address", cloud.front_ip),)
+
+
 def test_present_federates_the_clouds(fed: Federation) -> None:
     fed.take_pids()
     output = fed.run("--diff", "-v")
@@ -369,13 +459,20 @@ def test_present_federates_the_clouds(fed: Federation) -> None:
             assert entry["auth_type"] == "v3applicationcredential"
             assert entry["auth"]["auth_url"] == other.endpoint_url("identity", True)
             assert set(entry["auth"]) == {"auth_url", "application_credential_id"}
+            # a TLS cloud's identity URL is the other router's https frontend (federation CA)
+            want = str(fed.etc(cloud) / "federation-ca.crt") if fed.tls else None
+            assert entry.get("cacert") == want
         assert (fed.etc(cloud) / "secure.yaml").stat().st_mode & 0o777 == 0o600
         config = yaml.safe_load((fed.etc(cloud) / "federation.yaml").read_text())
-        assert config["clouds"][cloud.name]["proxy"] == {"listen": cloud.proxy_listen}
+        if fed.tls:
+            _check_tls_present(fed, cloud, config, entries)
+        else:
+            assert config["clouds"][cloud.name]["proxy"] == {"listen": cloud.proxy_listen}
         # a TLS peer link for every router, verified with the federation's CA; the files as
         # this router's host has them (each router reads its own; one path for every cloud);
         # the key is the router's alone
         assert config["settings"]["peers"] == {"ca": str(fed.etc(cloud) / "federation-ca.crt")}
+        assert config["settings"].get("ca_bundle") == (str(fed.lab_ca) if fed.tls else None)
         assert config["settings"].get("verify", True) is True
         for each in fed.clouds:
             assert config["clouds"][each.name]["peer"] == {
@@ -414,6 +511,12 @@ def test_scope_e2e_checks_pass_through_the_playbooks_routers(fed: Federation) ->
             auth["auth_url"] = auth["auth_url"].replace(
                 f"//{cloud.back_ip}:", f"//{cloud.front_ip}:"
             )
+    if fed.tls:
+        # the routers' https frontends: the federation's CA; the lab's services: the lab's
+        client_ca = fed.base / "client-ca.pem"
+        client_ca.write_bytes(fed.lab_ca.read_bytes() + (fed.pki / "ca.crt").read_bytes())
+        for entry in lab_clouds["clouds"].values():
+            entry["cacert"] = str(client_ca)
     clouds_yaml = fed.base / "clouds.yaml"
     clouds_yaml.write_text(yaml.safe_dump(lab_clouds))
     clouds_yaml.chmod(0o600)
@@ -456,6 +559,17 @@ def test_scope_e2e_checks_pass_through_the_playbooks_routers(fed: Federation) ->
             break
         time.sleep(0.2)
     assert not missing, f"hops that never arrived: {missing[:3]}"
+    if fed.tls:
+        # nova's https calls to glance went through CloudOne's forward proxy, intercepted
+        # (their URL https://) and routed to CloudTwo by the scope
+        one, two = fed.clouds[0], fed.clouds[1]
+        intercepted = [
+            e
+            for e in lines[one.name]
+            if e["path"].startswith(f"https://{one.front_ip}:9292/v2/images/")
+            and e["cloud"] == two.name
+        ]
+        assert intercepted and all(e["status"] == 200 for e in intercepted), intercepted[:3]
     for cloud in fed.clouds:
         assert hops[cloud.name], f"{cloud.name}'s router sent no hop to the other router"
         for hop in hops[cloud.name]:
@@ -490,6 +604,8 @@ def test_dropins_pass_systemd_analyze(fed: Federation, tmp_path: Path) -> None:
         assert "scoperouter.conf" not in output  # no warning about it
         dropin = fed.dropin(f"{cloud.slug}-{process}").read_text()
         assert f'"HTTP_PROXY=http://{cloud.proxy_listen}"' in dropin
+        assert (f'"HTTPS_PROXY=http://{cloud.proxy_listen}"' in dropin) == fed.tls
+        assert (f'"REQUESTS_CA_BUNDLE={fed.trust_bundle}"' in dropin) == fed.tls
 
 
 def test_absent_restores_the_clouds(fed: Federation) -> None:
@@ -504,8 +620,12 @@ def test_absent_restores_the_clouds(fed: Federation) -> None:
         status = subprocess.run([str(fed.ctl(cloud)), "status"], capture_output=True, text=True)
         assert status.returncode == 3 and "stopped" in status.stdout
         assert not (fed.etc(cloud) / "secure.yaml").exists()
-        for name in ("peer.key", "peer.crt", "federation-ca.crt"):
+        for name in ("peer.key", "peer.crt", "federation-ca.crt", "frontend.crt", "frontend.key",
+                     "proxy-ca.crt", "proxy-ca.key"):  # fmt: skip
             assert not (fed.etc(cloud) / name).exists(), name
+        if fed.tls:  # out of the services' trust again
+            assert not (fed.anchors / f"scoperouter-{cloud.slug}-proxy-ca.crt").exists()
+            assert fed.trust_bundle.read_bytes() == fed.lab_ca.read_bytes()
         ks = fed.keystone(cloud)
         assert ks.call("GET", f"/users?name={ROUTER_USER}")["users"] == []
         assert ks.call("GET", f"/projects?name={ROUTER_USER}")["projects"] == []

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
+from scoperouter_lab import api
 from scoperouter_lab.layout import CloudSpec, LabPaths, default_dir
 from scoperouter_lab.procs import ProcessTable
 
@@ -155,10 +156,13 @@ def _lab_info(root: Path, paths: LabPaths) -> Lab:
     those routers."""
     state = json.loads(paths.state_file.read_text())
     override = os.environ.get("SCOPEROUTER_E2E_CLOUDS_YAML")
+    tls = bool(state.get("tls"))
+    if tls:  # a TLS lab (`lab up --tls`): the lab's helpers verify its https with its CA
+        api.trust(paths.ca_cert)
     return Lab(
         root=root,
         paths=paths,
-        clouds=[CloudSpec(i) for i in range(1, state["clouds"] + 1)],
+        clouds=[CloudSpec(i, tls=tls) for i in range(1, state["clouds"] + 1)],
         routed=bool(state.get("routed")) or bool(override),
         state=state,
         clouds_override=Path(override) if override else None,

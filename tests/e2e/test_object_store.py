@@ -48,7 +48,9 @@ def swift(lab, fed):
     token = lab.osc(one.slug, "token", "issue")
     session = requests.Session()
     session.trust_env = False  # no proxy from the environment: straight to the router
-    account = f"http://{one.front_ip}:8080/v1/AUTH_{token['project_id']}"
+    if one.tls:  # a TLS lab (`lab up --tls`): the router's https frontend, the lab's CA
+        session.verify = str(lab.paths.ca_cert)
+    account = f"{one.frontend_url('object-store')}/v1/AUTH_{token['project_id']}"
     return one, two, session, token["id"], account
 
 
@@ -134,7 +136,7 @@ def test_100mb_object_through_two_routers_streams(lab, swift, container):
     head = session.head(url, headers=scoped, timeout=60)
     assert head.status_code == 200 and int(head.headers["Content-Length"]) == BIG_MB * CHUNK
     # both routers carried the transfer: CloudOne's to CloudTwo's, CloudTwo's to its swift
-    path = url.removeprefix(f"http://{one.front_ip}:8080")
+    path = url.removeprefix(one.frontend_url("object-store"))
     # (a router writes a request's access line once the answer is out: wait for it)
     for cloud, decision in ((one, "remote"), (two, "local")):
 

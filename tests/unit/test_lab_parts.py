@@ -752,3 +752,142 @@ def test_lab_up_prints_no_step_for_a_service_it_does_not_run(tmp_path: Path):
     assert "image" not in keystone and "token issue" in keystone
     everything = next_steps(clouds, ("keystone", "glance", "nova"), LabPaths(tmp_path), True, cmd)
     assert everything.count("server create") == 2  # local, then the headline
+
+
+def test_a_tls_lab_serves_and_trusts_https_everywhere(tmp_path: Path):
+    """`lab up --tls`: every endpoint https (uWSGI's https-socket, the stand-ins', swift's
+    proxy) with the cloud's backend certificate; the services call through their router with
+    HTTPS_PROXY too and trust the bundle of the lab's CA and their interception CA (drop-in
+    environment and configs' cafile); the routers' frontends https with their certificates,
+    their forward proxies intercepting with the cloud's CA, upstreams verified with the lab's
+    CA; clouds.yaml names it; the certificates verify for their addresses."""
+    import configparser
+    import ssl
+
+    from cryptography import x509
+    from scoperouter_lab import pki
+    from scoperouter_lab import templates as T
+    from scoperouter_lab.cloud import CloudRunner, Step
+    from scoperouter_lab.layout import LabPaths
+    from scoperouter_lab.procs import ProcessTable
+
+    from scoperouter import pki as core_pki
+
+    paths = LabPaths(tmp_path)
+    one, two = CloudSpec(1, tls=True), CloudSpec(2, tls=True)
+    pki.tls_files(paths, [one, two])
+    made = {p.name: p.read_bytes() for p in paths.pki.iterdir()}
+    pki.tls_files(paths, [one, two])  # kept while valid
+    assert {p.name: p.read_bytes() for p in paths.pki.iterdir()} == made
+    assert paths.tls_files(one, "proxy-ca")[1].stat().st_mode & 0o777 == 0o600
+    for cloud in (one, two):
+        for what, host in (("backend", cloud.back_ip), ("frontend", cloud.front_ip)):
+            cert, key = paths.tls_files(cloud, what)
+            assert key.stat().st_mode & 0o777 == 0o600
+            loaded = x509.load_pem_x509_certificate(cert.read_bytes())
+            assert core_pki.addresses_of(loaded) == {host}
+            ssl.create_default_context(cafile=str(paths.ca_cert)).load_cert_chain(cert, key)
+        proxy_ca = paths.tls_files(cloud, "proxy-ca")[0].read_bytes()
+        assert paths.trust_bundle(cloud).read_bytes() == paths.ca_cert.read_bytes() + proxy_ca
+    assert one.endpoint_url("image", True) == "https://127.0.0.2:9292"
+    assert one.backend_endpoint("identity") == "https://127.0.1.2:5000/v3"
+
+    ctx = T.CloudContext(one, paths, SECRETS, routed=True)
+    cert, key = paths.tls_files(one, "backend")
+    ini = T.uwsgi_ini(ctx, "glance", "glance.wsgi.api:application", 9292, {}, 1, 4)
+    assert f"https-socket = 127.0.1.2:9292,{cert},{key}\n" in ini and "\nhttp-socket" not in ini
+    nova = configparser.ConfigParser(interpolation=None)
+    nova.read_string(T.nova_conf(ctx))
+    # trust comes from the environment only (REQUESTS_CA_BUNDLE, below): a drop-in decides
+    assert not [s for s in nova.sections() if "cafile" in nova[s]]
+    assert nova["keystone_authtoken"]["auth_url"] == "https://127.0.0.2:5000/v3"
+    swift = configparser.ConfigParser(interpolation=None)
+    swift.read_string(T.swift_proxy_conf(ctx))
+    assert swift["DEFAULT"]["cert_file"] == str(cert)
+    assert "cert_file" not in T.swift_storage_conf(ctx, "object")  # only the proxy reaches them
+
+    runner = CloudRunner(ctx, resolve_services(None), ProcessTable(tmp_path / "run"),
+                         Step(lambda *a: None), proxy_env=True)  # fmt: skip
+    env = runner.env("glance")
+    assert env["HTTPS_PROXY"] == env["HTTP_PROXY"] == "http://127.0.0.2:3128"
+    assert env["REQUESTS_CA_BUNDLE"] == env["SSL_CERT_FILE"] == str(paths.trust_bundle(one))
+    assert runner.health_url("glance") == "https://127.0.1.2:9292/"
+    assert runner.health_url("swift-object").startswith("http://")
+    argv, _ = runner._spec("network")
+    assert argv[-4:] == ["--tls-cert", str(cert), "--tls-key", str(key)]
+    plain = CloudRunner(T.CloudContext(CloudSpec(1), paths, SECRETS, routed=True),
+                        resolve_services(None), ProcessTable(tmp_path / "run"),
+                        Step(lambda *a: None), proxy_env=True)  # fmt: skip
+    assert (
+        "HTTPS_PROXY" not in plain.env("glance") and "--tls-cert" not in plain._spec("network")[0]
+    )
+
+    rows = {
+        c: [{"service_type": t, "interface": "public", "url": c.endpoint_url(t, True),
+             "region": c.name} for t in ("identity", "image")]
+        for c in (one, two)
+    }  # fmt: skip
+    fed = files.federation_config(rows, paths=paths)
+    assert fed["settings"]["ca_bundle"] == str(paths.ca_cert)
+    config = fed["clouds"]["CloudOne"]
+    fronts = config["frontends"]
+    assert all(f["url"].startswith("https://127.0.0.2:") for f in fronts)
+    front_cert = paths.tls_files(one, "frontend")[0]
+    assert {f["tls"]["cert"] for f in fronts} == {str(front_cert)}
+    ca, ca_key = paths.tls_files(one, "proxy-ca")
+    assert config["proxy"] == {"listen": "127.0.0.2:3128", "ca": str(ca), "ca_key": str(ca_key)}
+    assert config["services"]["image"]["public"] == {
+        "url": "https://127.0.0.2:9292", "backend": "https://127.0.1.2:9292"
+    }  # fmt: skip
+    stype, port = files.MISMATCH_SERVICE
+    assert config["services"][stype]["public"]["backend"] == f"https://127.0.1.2:{port}"
+    assert stype not in fed["clouds"]["CloudTwo"]["services"]
+    path = tmp_path / "federation.yaml"
+    path.write_text(files.dump(fed, "# test\n"))
+    load_catalog(path)  # the router's own loader accepts it (the files exist)
+    entries = files.clouds_config([one, two], SECRETS, True, paths.ca_cert)["clouds"]
+    assert {e["cacert"] for e in entries.values()} == {str(paths.ca_cert)}
+    router, _ = files.router_clouds_config([two], SECRETS, True, paths.ca_cert)
+    assert router["clouds"]["cloudtwo-router"]["cacert"] == str(paths.ca_cert)
+
+
+def test_the_endpoints_of_services_no_longer_run_follow_the_labs_mode(tmp_path: Path):
+    """A lab that ran more services keeps their endpoints in the catalog; `lab up --tls` /
+    `--no-tls` / `--no-router` move them like the others (scheme, router or backend address),
+    so the catalog import sees one consistent catalog; other regions' and hosts' are left."""
+    from scoperouter_lab.cloud import CloudRunner, Step
+    from scoperouter_lab.layout import LabPaths
+    from scoperouter_lab.procs import ProcessTable
+    from scoperouter_lab.templates import CloudContext
+
+    class Catalog:
+        def __init__(self, rows: list[dict[str, str]]) -> None:
+            self.rows = {r["id"]: r for r in rows}
+
+        def call(self, method: str, url: str, body: dict | None = None) -> dict:
+            if method == "GET":
+                return {"endpoints": list(self.rows.values())}
+            assert method == "PATCH" and body is not None
+            self.rows[url.rsplit("/", 1)[1]]["url"] = body["endpoint"]["url"]
+            return {}
+
+    rows = [
+        {"id": "a", "region_id": "CloudOne", "url": "http://127.0.0.2:8080/v1/AUTH_%(project_id)s"},
+        {"id": "b", "region_id": "CloudOne", "url": "https://127.0.0.2:9292"},
+        {"id": "c", "region_id": "CloudOne", "url": "http://127.0.1.2:8004/v1/%(project_id)s"},
+        {"id": "d", "region_id": "CloudTwo", "url": "http://127.0.0.3:8080/v1/AUTH_x"},
+        {"id": "e", "region_id": "CloudOne", "url": "http://203.0.113.9:8080"},
+    ]
+    catalog = Catalog([dict(r) for r in rows])
+    modes = ((True, True, "https://127.0.0.2:"), (False, False, "http://127.0.1.2:"),
+             (True, False, "https://127.0.1.2:"), (False, True, "http://127.0.0.2:"))  # fmt: skip
+    for tls, routed, want in modes:
+        ctx = CloudContext(CloudSpec(1, tls=tls), LabPaths(tmp_path), SECRETS, routed=routed)
+        runner = CloudRunner(ctx, resolve_services(None), ProcessTable(tmp_path / "run"),
+                             Step(lambda *a: None), proxy_env=routed)  # fmt: skip
+        runner._align_endpoints(catalog)  # type: ignore[arg-type]
+        urls = {i: r["url"] for i, r in catalog.rows.items()}
+        assert all(urls[i].startswith(want) for i in "abc"), urls
+        assert urls["a"] == want + "8080/v1/AUTH_%(project_id)s"
+        assert urls["b"] == want + "9292"
+        assert (urls["d"], urls["e"]) == (rows[3]["url"], rows[4]["url"])
