@@ -15,19 +15,14 @@ from __future__ import annotations
 
 import atexit
 import json
-import signal
 import sys
 import time
 from pathlib import Path
 
 from bench.options import parse_args
-from bench.procs import BenchError
+from bench.procs import BenchError, interrupt_on_termination
 from bench.render import render
 from bench.run import Bench, say
-
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,8 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(Path(args.router_pythonpath).resolve()))
     bench = Bench(args)
     atexit.register(bench.procs.stop_all)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _raise_interrupt)
+    interrupt_on_termination()
     started = time.monotonic()
     status = 0
     try:

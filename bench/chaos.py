@@ -54,6 +54,7 @@ import yaml
 
 from bench import chaos_verdict as cv
 from bench.machine import machine_context
+from bench.procs import interrupt_on_termination
 from bench.report import mark
 from bench.soak import seconds
 from bench.soak_verdict import LogFindings
@@ -750,15 +751,10 @@ def as_json(chaos: Chaos, rows: list[Any], context: dict[str, Any], elapsed: flo
     }
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _raise_interrupt)
+    interrupt_on_termination()
     context = machine_context()
     say(f"load average {context['loadavg_before']}, {context['busy_pct_before']:.0f}% busy")
     try:

@@ -60,6 +60,7 @@ from bench.kills_verdict import (
     where_counts,
 )
 from bench.machine import machine_context
+from bench.procs import interrupt_on_termination
 from bench.report import Target, mark, table, targets_table
 from scoperouter.broker import migrate
 from scoperouter.broker.osbclient import Answer, OSBClient
@@ -646,14 +647,9 @@ def as_json(runs: list[DbRun], args: argparse.Namespace, context: dict[str, Any]
     }
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _raise_interrupt)
+    interrupt_on_termination()
     dbs = list(DATABASES) if args.db == "both" else [args.db]
     say(f"seed {args.seed} (replay: --seed {args.seed}), {args.kills} kills on {' and '.join(dbs)}")
     context = machine_context()

@@ -27,7 +27,6 @@ import contextlib
 import json
 import os
 import resource
-import signal
 import statistics
 import subprocess
 import sys
@@ -41,7 +40,7 @@ from bench import backend, floor, haproxy, report
 from bench.floor import Path as ProxyPath
 from bench.machine import machine_context
 from bench.options import parse_args as bench_args
-from bench.procs import BenchError, free_port
+from bench.procs import BenchError, free_port, interrupt_on_termination
 from bench.render import _noise
 from bench.run import SMALL_PATH, Bench, _get, say, scoped_headers
 
@@ -444,10 +443,6 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
     return "\n".join(out)
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
@@ -462,8 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     context = machine_context()
     bench = make_bench(args)
     atexit.register(bench.procs.stop_all)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _raise_interrupt)
+    interrupt_on_termination()
     try:
         results = run(bench, args)
     except (BenchError, subprocess.SubprocessError) as exc:

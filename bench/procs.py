@@ -22,6 +22,17 @@ from pathlib import Path
 import psutil
 
 
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def interrupt_on_termination() -> None:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread, so a bench stopped by its
+    caller (CI's timeout, a closed terminal) runs its cleanup and stops what it started."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_interrupt)
+
+
 class BenchError(RuntimeError):
     """A setup step failed; the message says which and shows the process log when useful."""
 

@@ -36,7 +36,14 @@ import psutil
 from bench import soak_verdict, transfer
 from bench.machine import machine_context
 from bench.options import parse_args as bench_args
-from bench.procs import BenchError, CpuSample, Proc, cpu_sample, free_port
+from bench.procs import (
+    BenchError,
+    CpuSample,
+    Proc,
+    cpu_sample,
+    free_port,
+    interrupt_on_termination,
+)
 from bench.report import fmt, mark
 from bench.run import Bench, scoped_headers
 from bench.soak_traffic import DOWN_CLOUD, MIX, Kind, check, merge, percentile
@@ -498,17 +505,12 @@ def as_json(soak: Soak, rows: list[Any], context: dict[str, Any], elapsed: float
     }
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
     soak = Soak(args)
     atexit.register(soak.bench.procs.stop_all)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _raise_interrupt)
+    interrupt_on_termination()
     try:
         say("measuring what else the machine is doing (1 s)")
         context = machine_context()

@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +20,7 @@ from scoperouter_lab.files import DOWN_CLOUD
 
 from scoperouter.client import scope_session
 from scoperouter.merge import ORIGIN_KEY
+from tests.e2e.access import access_lines
 from tests.e2e.osc import cli
 
 pytestmark = pytest.mark.e2e
@@ -31,30 +30,6 @@ PEER_CONNECT_TIMEOUT = 5.0  # the lab's (federation.yaml settings.connect_timeou
 
 def _scope(**services: str) -> str:
     return json.dumps(services)
-
-
-def _access(
-    path: Path, since: int, match: Callable[[dict[str, Any]], bool], count: int = 1
-) -> list[dict[str, Any]]:
-    """The access lines a router wrote after byte `since` of its log that `match`, once there
-    are `count` of them (lines are written in batches, up to half a second late)."""
-    deadline = time.monotonic() + 10
-    while True:
-        with path.open("rb") as fh:
-            fh.seek(since)
-            lines = fh.read().decode(errors="replace").splitlines()
-        found = [
-            entry
-            for entry in (
-                json.loads(line)
-                for line in lines
-                if line.startswith("{") and '"scoperouter.access"' in line
-            )
-            if match(entry)
-        ]
-        if len(found) >= count or time.monotonic() > deadline:
-            return found
-        time.sleep(0.1)
 
 
 def test_cli_image_list_across_two_clouds_shows_each_image_once(lab: Any, fed: Any) -> None:
@@ -113,7 +88,7 @@ def test_cli_server_list_across_two_clouds(lab: Any, fed: Any) -> None:
         plain = {s.id for s in lab.connect(one.slug).compute.servers()}
         plain |= {s.id for s in conn_two.compute.servers()}
         assert set(ids) == plain
-        lookups = _access(
+        lookups = access_lines(
             router_log,
             since,
             lambda e: (
@@ -143,7 +118,7 @@ def test_cli_lookup_with_a_down_cloud_first_answers_from_the_second(lab: Any, fe
         elapsed.append(time.monotonic() - started)
         assert shown["id"] == tiny[two.name] and shown["name"] == "tiny"
     assert max(elapsed) < PEER_CONNECT_TIMEOUT, elapsed  # no call waited for CloudDown
-    lines = _access(
+    lines = access_lines(
         router_log,
         since,
         lambda e: (

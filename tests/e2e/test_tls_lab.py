@@ -24,7 +24,6 @@ import http.client
 import json
 import socket
 import ssl
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +35,7 @@ from scoperouter_lab.layout import PROXY_PORT, SERVICE_PORTS, service_types
 
 from scoperouter import pki
 from scoperouter.merge import ORIGIN_KEY
+from tests.e2e.access import access_lines
 from tests.e2e.osc import cli
 from tests.integration.backends import EchoBackend
 from tests.integration.routers import raw_exchange
@@ -63,24 +63,12 @@ def _access(
 ) -> list[dict[str, Any]]:
     """The access lines the router of cloud `router` wrote after byte `since` of its log
     whose fields equal `match`, once there are `count` (written up to half a second late)."""
-    path = lab.paths.log(router, "router")
-    deadline = time.monotonic() + 10
-    while True:
-        with path.open("rb") as fh:
-            fh.seek(since)
-            lines = fh.read().decode(errors="replace").splitlines()
-        found = [
-            entry
-            for entry in (
-                json.loads(line)
-                for line in lines
-                if line.startswith("{") and '"scoperouter.access"' in line
-            )
-            if all(entry.get(k) == v for k, v in match.items())
-        ]
-        if len(found) >= count or time.monotonic() > deadline:
-            return found
-        time.sleep(0.1)
+    return access_lines(
+        lab.paths.log(router, "router"),
+        since,
+        lambda entry: all(entry.get(k) == v for k, v in match.items()),
+        count,
+    )
 
 
 def _size(lab: Any, cloud: Any) -> int:
