@@ -110,7 +110,10 @@ class Federation:
 
     @property
     def lab_ca(self) -> Path:
-        return self.lab_root / "pki" / "ca.crt"
+        """The lab's CA as the routers read it: a copy in the scratch dir (the lab's own may
+        be under a home of mode 0700, as CI's is: ~/.local/share/scoperouter/lab, which the
+        routers' users cannot reach)."""
+        return readable_lab_ca(self.base)
 
     @property
     def anchors(self) -> Path:
@@ -204,6 +207,11 @@ class Federation:
         pid = self.process_pid(process)
         raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         return dict(item.decode().partition("=")[::2] for item in raw if b"=" in item)
+
+
+def readable_lab_ca(base: Path) -> Path:
+    """Where the routers find the lab's CA (see :attr:`Federation.lab_ca`)."""
+    return base / "lab-ca.crt"
 
 
 def _router_venv(base: Path) -> Path:
@@ -312,7 +320,9 @@ def fed() -> Iterator[Federation]:
     }
     if tls:
         anchors, bundle = base / "anchors", base / "trust.pem"
-        lab_ca = lab_root / "pki" / "ca.crt"
+        lab_ca = readable_lab_ca(base)
+        shutil.copyfile(lab_root / "pki" / "ca.crt", lab_ca)
+        lab_ca.chmod(0o644)
         # a host's update-ca-certificates, here: the bundle of the lab's CA (the services'
         # own) and the anchors, replaced at once (both clouds' hosts run it, in parallel)
         update = (f'tmp=$(mktemp {base}/trust.XXXXXX) && cat {lab_ca} {anchors}/*.crt > "$tmp" '
