@@ -54,6 +54,7 @@ import yaml
 
 from bench import chaos_verdict as cv
 from bench.machine import machine_context
+from bench.options import apply_preset
 from bench.procs import interrupt_on_termination
 from bench.report import mark
 from bench.soak import seconds
@@ -99,10 +100,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", metavar="FILE", help="also write what the run saw as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (configs, logs)")
     args = parser.parse_args(argv)
-    preset = SMOKE if args.smoke else DEFAULTS
-    for key, value in preset.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    apply_preset(args, SMOKE if args.smoke else DEFAULTS)
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1, 1_000_000)
     if args.duration <= 0 or args.fault_every <= 0 or args.clients < 1 or args.lifecycles < 0:

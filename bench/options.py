@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
+from typing import Any
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -85,3 +87,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.conns = [int(c) for c in args.connections.split(",") if c.strip()]
     args.skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     return args
+
+
+def apply_preset(args: argparse.Namespace, preset: Mapping[str, Any]) -> None:
+    """The options left unset (None) take the preset's value: a bench's full-run defaults or
+    its --smoke ones, the options given on the command line kept."""
+    for key, value in preset.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)

@@ -35,6 +35,7 @@ import psutil
 
 from bench import soak_verdict, transfer
 from bench.machine import machine_context
+from bench.options import apply_preset
 from bench.options import parse_args as bench_args
 from bench.procs import (
     BenchError,
@@ -132,10 +133,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-apt", action="store_true", help="never call apt-get")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (configs, logs)")
     args = parser.parse_args(argv)
-    preset = SMOKE if args.smoke else DEFAULTS
-    for key, value in preset.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    apply_preset(args, SMOKE if args.smoke else DEFAULTS)
     if args.duration <= 0 or args.rate <= 0 or args.generators < 1 or args.workers < 1:
         parser.error("--duration, --rate, --generators and --workers must be positive")
     unknown = set(args.kinds or ()) - {k.name for k in MIX}
