@@ -11,9 +11,11 @@ router's cost per request grew with the number of connections).
 Peer routers (the other clouds' routers, on their peer links) are *warm* origins: the pool
 opens :attr:`Warm.count` connections to each at start and keeps that many open (another is
 opened in the background when the peer closed one), so a request finds the TCP and TLS
-handshakes across the WAN done. When a request finds none idle, the target doubles to twice
-the connections then in use (:meth:`Warm.missed`), opened in the background; it shrinks by
-those that reach their idle time unused (:meth:`Warm.expired`). Why a target in all and not a
+handshakes across the WAN done. The target is twice the most connections in use at once
+(:meth:`Warm.used`, at every lending: whether a burst's requests find the ones opened ahead
+for its first requests, or arrive before them and open their own, it grows to the same),
+the extra ones opened in the background; it shrinks by those that reach their idle time
+unused (:meth:`Warm.expired`). Why a target in all and not a
 number kept idle: each worker process has its own pool, and the kernel spreads a burst of
 client connections over the workers unevenly (``SO_REUSEPORT``: each worker gets a random
 share), so a worker must be ready for more than its usual share, but topping up a number of
@@ -38,7 +40,7 @@ import logging
 import os
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from scoperouter.http.upstream import Origin, UpstreamConnection
@@ -63,11 +65,13 @@ class Warm:
     backoff: float = 0.0  # seconds to the next try while connects fail (doubling), else 0
     target: int = 0  # connections wanted in all (lent, idle, opening): `count`, grown by load
 
-    def missed(self, lent: int) -> None:
-        """A request found no idle connection (`lent` in use, its own included): keep twice
-        as many from now on, so a burst up to that size again finds them open."""
-        if self.count:
-            self.target = max(self.target, 2 * lent)
+    def used(self, in_use: int) -> None:
+        """A connection was lent (`in_use` lent or connecting, its own included): keep twice
+        the most in use at once, so a burst up to that size again finds them open. (Only at a
+        miss, the target depended on when a burst's requests came: those that found the
+        connections opened ahead for the first ones did not raise it.)"""
+        if self.count and 2 * in_use > self.target:
+            self.target = 2 * in_use
 
     def expired(self, unused: int) -> None:
         """`unused` idle connections reached their idle time: the load no longer needs them."""
@@ -132,7 +136,12 @@ def describe_error(exc: BaseException) -> str:
 
 
 class Pool:
-    def __init__(self) -> None:
+    """`on_peer_connect(origin, reason)`: a connection to a warm origin (a peer router) was
+    opened, for a request that found none idle (``request``: it waited for the handshake) or in
+    the background (``ahead``); the router counts them (a metric)."""
+
+    def __init__(self, on_peer_connect: Callable[[Origin, str], None] | None = None) -> None:
+        self.on_peer_connect = on_peer_connect
         self.idle: dict[Origin, collections.deque[UpstreamConnection]] = {}
         self.lent: dict[Origin, set[UpstreamConnection]] = {}  # carrying an exchange
         self.tls: ssl.SSLContext | None = None
@@ -184,6 +193,8 @@ class Pool:
         if found is not None:
             self._lend(found)
         if warm is not None:
+            if found is not None:
+                warm.used(self.lent_count(origin) + warm.connecting)
             self.refill(origin)
         return found
 
@@ -227,12 +238,14 @@ class Pool:
             conn = await self._open(origin, timeout)
         else:
             warm.connecting += 1
-            warm.missed(self.lent_count(origin) + warm.connecting)
+            warm.used(self.lent_count(origin) + warm.connecting)
             self.refill(origin)
             try:
                 conn = await self._open(origin, timeout)
             finally:
                 warm.connecting -= 1
+            if self.on_peer_connect is not None:
+                self.on_peer_connect(origin, "request")
         self._lend(conn)
         return conn
 
@@ -271,6 +284,8 @@ class Pool:
         if warm.backoff:
             warm.backoff = 0.0
             logger.warning("connections ahead to the peer router at %s open again", origin)
+        if self.on_peer_connect is not None:
+            self.on_peer_connect(origin, "ahead")
         if self._closed or self.warm.get(origin) is not warm:
             conn.discard()
             return

@@ -73,14 +73,15 @@ class Worker:
         config.load(config_path, cloud)  # ConfigError when it cannot be used
         health = UpstreamHealth(config)
         tokens = TokenSwap(config)
-        self.pool = Pool()
+        metrics = Metrics(config, health)
+        self.pool = Pool(on_peer_connect=metrics.peer_connection)
         config.subscribe(functools.partial(_configure_pool, self.pool, cloud))
         self.pipeline = Pipeline(
             config,
             health=health,
             tokens=tokens,
             log=AccessLog(config),
-            metrics=Metrics(config, health),
+            metrics=metrics,
             combiner=Combiner(config, health, tokens, functools.partial(transmit, self.pool)),
         )
         self.reverse = ReverseServer(config, self.pipeline, self.pool)

@@ -43,6 +43,13 @@ UPSTREAM_UP = Gauge(
     ["cloud", "kind", "service", "upstream"],
     multiprocess_mode="livemin",
 )
+PEER_CONNECTIONS = Counter(
+    "scoperouter_peer_connections_opened",
+    "TCP+TLS connections opened to another cloud's router (its peer link, upstream), by reason: "
+    "request (a request found none idle and waited for the handshake) or ahead (opened in the "
+    "background: the warm set, and twice the most in use at once).",
+    ["upstream", "reason"],
+)
 RELOADS = Counter(
     "scoperouter_config_reloads",
     "Config reloads by result (ok, refused).",
@@ -61,6 +68,7 @@ class Metrics:
         self._requests: dict[tuple[str, str, str, int], Any] = {}
         self._durations: dict[tuple[str, str], Any] = {}
         self._linked: dict[str, list[str]] = {}  # peer link -> the services behind it
+        self._peer_connections: dict[tuple[str, str], Any] = {}
         config.subscribe(self._upstreams)
         health.on_change(self._health)
 
@@ -86,6 +94,14 @@ class Metrics:
             UPSTREAM_UP.labels(upstream.cloud, upstream.kind, service, upstream.address).set(
                 1 if up else 0
             )
+
+    def peer_connection(self, upstream: object, reason: str) -> None:
+        """A connection to a peer router opened (`upstream`: its peer link's origin)."""
+        key = (str(upstream), reason)
+        counter = self._peer_connections.get(key)
+        if counter is None:
+            counter = self._peer_connections[key] = PEER_CONNECTIONS.labels(*key)
+        counter.inc()
 
     @staticmethod
     def opened() -> None:

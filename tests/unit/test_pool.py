@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 import time
 from pathlib import Path
@@ -66,18 +67,20 @@ def _idle(pool: Pool, origin: Origin, n: int) -> list[Any]:
     return conns
 
 
-def test_a_warm_target_doubles_on_a_miss_and_shrinks_as_connections_expire() -> None:
+def test_a_warm_target_is_twice_the_most_in_use_and_shrinks_as_connections_expire() -> None:
     warm = Warm(count=2, timeout=5.0, target=2)
-    warm.missed(3)  # a request found none idle with 3 in use, its own included
+    warm.used(1)
+    assert warm.target == 2
+    warm.used(3)  # a connection lent with 3 in use, its own included
     assert warm.target == 6
-    warm.missed(2)  # a smaller burst never lowers it
+    warm.used(2)  # a smaller burst never lowers it
     assert warm.target == 6
     warm.expired(3)
     assert warm.target == 3
     warm.expired(10)  # never below the configured warm set
     assert warm.target == 2
     off = Warm(count=0, timeout=5.0, target=0)
-    off.missed(40)  # settings.peers.warm: 0 opens nothing ahead, whatever the load
+    off.used(40)  # settings.peers.warm: 0 opens nothing ahead, whatever the load
     assert off.target == 0
 
 
@@ -96,6 +99,30 @@ def test_the_pool_lends_peer_connections_least_recently_used_first_and_counts_th
     assert pool.lent_count(PEER) == 2 and second.on_lost is None
     second.connection_lost(None)  # once
     assert pool.lent_count(PEER) == 2
+
+
+def test_a_burst_that_takes_the_connections_opened_ahead_grows_the_target_as_one_that_misses() -> (
+    None
+):
+    """A burst of 6 on a warm set of 2: whether its last requests find connections opened ahead
+    for the first ones idle, or find none and connect, the target ends at 12 (integration
+    tests on a loaded machine saw the burst's requests come far enough apart that those
+    opened ahead were taken, and the pool grew to 6, not 12: the same burst again, and one
+    half as large again, opened connections)."""
+    taking = _pool(warm=2)
+    _idle(taking, PEER, 6)  # the warm 2, and 4 opened ahead meanwhile
+    assert [taking.take(PEER) is not None for _ in range(6)] == [True] * 6
+    assert taking.warm[PEER].target == 12
+    missing = _pool(warm=2)
+    _idle(missing, PEER, 2)
+    assert [missing.take(PEER) is not None for _ in range(3)] == [True, True, False]
+    missing.warm[PEER].connecting = 4  # the 4 that found none idle, connecting
+    missing.warm[PEER].used(missing.lent_count(PEER) + missing.warm[PEER].connecting)
+    assert missing.warm[PEER].target == 12
+    backend = _pool()
+    _idle(backend, BACKEND, 6)
+    assert all(backend.take(BACKEND) for _ in range(6))
+    assert BACKEND not in backend.warm  # a backend's pool keeps what it was given back
 
 
 def test_the_pool_lends_a_backends_connections_most_recently_used_first() -> None:
@@ -165,3 +192,31 @@ def test_a_reload_with_the_same_cas_reuses_the_tls_contexts(tmp_path: Path) -> N
         ((("commonName", "scoperouter second, renewed"),),)
     ]
     assert client_context(str(ca), True) is second
+
+
+def test_the_pool_tells_which_peer_connections_a_request_waited_for() -> None:
+    """on_peer_connect (the router's scoperouter_peer_connections_opened_total): `request` for
+    a connection a request opened for itself, `ahead` for those opened in the background; a
+    backend's connections are not a peer's."""
+
+    async def run() -> tuple[str, list[tuple[str, str]]]:
+        seen: list[tuple[str, str]] = []
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        peer, backend = Origin("http", "127.0.0.1", port), Origin("http", "localhost", port)
+        pool = Pool(on_peer_connect=lambda origin, why: seen.append((str(origin), why)))
+        _configure(pool, {peer: WarmSpec(2, 5.0, 54.0)})
+        # None idle: the request's own connection; the target becomes 2 (twice the one in
+        # use), so one more is opened ahead.
+        conn = await pool.connect(peer, 5.0)
+        other = await pool.connect(backend, 5.0)
+        while pool.warm[peer].opening:
+            await asyncio.sleep(0.01)
+        for c in (conn, other, *pool.idle[peer]):
+            c.discard()
+        pool.close()
+        server.close()
+        return str(peer), seen
+
+    peer, seen = asyncio.run(run())
+    assert sorted(seen) == [(peer, "ahead"), (peer, "request")]
