@@ -90,12 +90,7 @@ def _error(body: bytes) -> str:
 
 def _get(host: str, port: int, path: str, token: str, cafile: Path) -> tuple[int, bytes]:
     conn = http.client.HTTPSConnection(host, port, timeout=60, context=_context(cafile))
-    try:
-        conn.request("GET", path, headers={"X-Auth-Token": token, "Accept": "application/json"})
-        response = conn.getresponse()
-        return response.status, response.read()
-    finally:
-        conn.close()
+    return _exchange(conn, path, token)
 
 
 def _via_proxy(
@@ -105,6 +100,11 @@ def _via_proxy(
     `cafile`, as the cloud's services verify it)."""
     conn = http.client.HTTPSConnection(*proxy, timeout=60, context=_context(cafile))
     conn.set_tunnel(*target)
+    return _exchange(conn, path, token)
+
+
+def _exchange(conn: http.client.HTTPSConnection, path: str, token: str) -> tuple[int, bytes]:
+    """One GET with the token on `conn`, then the connection closed."""
     try:
         conn.request("GET", path, headers={"X-Auth-Token": token, "Accept": "application/json"})
         response = conn.getresponse()
