@@ -5,7 +5,8 @@ server refuse the same heads with the same status and message: too many or too l
 fields (431), a request line too long (414), a head or a body not complete in time (408),
 control characters and obs-fold (400), a request the router cannot serve as a reverse proxy
 (``CONNECT`` 405, ``Upgrade`` 400, asterisk- and authority-form targets 400), a missing or
-repeated ``Host`` (400, RFC 9112 3.2) and a transfer coding other than ``chunked`` (501).
+repeated ``Host`` (400, RFC 9112 3.2), a transfer coding other than ``chunked`` (501) and a
+path a backend could resolve elsewhere than the router routes it (400, :func:`check_path`).
 """
 
 from __future__ import annotations
@@ -179,3 +180,40 @@ def split_request_line(line: bytes | bytearray) -> tuple[str, str]:
     method = parts[0].decode("ascii", "replace")[:16] if parts and parts[0] else "-"
     path = parts[1].partition(b"?")[0].decode("ascii", "replace")[:256] if len(parts) > 1 else "-"
     return method, path
+
+
+# -- paths a backend could resolve elsewhere
+
+# A dot-segment ("." or "..", each dot literal or %2E: RFC 3986 3.3, 5.2.4), an encoded slash,
+# a backslash: one search of the whole target (most have none), a hit in the query ignored.
+_PATH_HAZARD = re.compile(rb"/(?:\.|%2e){1,2}(?=[/?]|\Z)|%2f|\\", re.IGNORECASE)
+DOT_SEGMENT_MESSAGE = (
+    "the request path has a '.' or '..' segment (or one percent-encoded, '%2E'): the router "
+    "routes a path as it is sent and does not forward one a backend could resolve to another "
+    "service; send the path with its dot-segments removed (RFC 3986 5.2.4)"
+)
+ENCODED_SLASH_MESSAGE = (
+    "the request path has an encoded slash ('%2F'): the router routes a path as it is sent and "
+    "does not forward one a backend could split elsewhere"
+)
+BACKSLASH_MESSAGE = (
+    "the request path has a backslash, which is not a URI character (RFC 3986 2): "
+    "percent-encode it ('%5C')"
+)
+
+
+def check_path(target: bytes) -> str | None:
+    """The refusal of an origin-form target whose path a backend could resolve to another
+    route than the router's: a dot-segment (literal or ``%2E``), ``%2F``, a backslash; else
+    None. (``%5C`` passes: it names a backslash in a name, e.g. a swift object's, and no
+    backend splits a path on it.)"""
+    found = _PATH_HAZARD.search(target)
+    if found is None:
+        return None
+    query = target.find(b"?")
+    if 0 <= query < found.start():
+        return None  # the first hit is in the query: the path has none
+    hit = found.group()
+    if hit == b"\\":
+        return BACKSLASH_MESSAGE
+    return ENCODED_SLASH_MESSAGE if hit.lower() == b"%2f" else DOT_SEGMENT_MESSAGE

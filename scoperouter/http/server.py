@@ -12,9 +12,10 @@ queued and handed in order to the application.
   router is not a tunnel), so is a protocol ``Upgrade`` (400) and a target in asterisk- or
   authority-form (400); an HTTP/1.1 request needs exactly one valid ``Host`` (400); the only
   transfer coding is ``chunked`` (501 for others, 400 in HTTP/1.0); ``Connection`` lists
-  tokens (400). An absolute-form target is split into its authority and its origin-form path
-  (400 when malformed): the application decides on the authority (the router reduces a target
-  naming its own frontend to its path and refuses the others: never the client's authority).
+  tokens (400); a path with a dot-segment, ``%2F`` or a backslash is refused (400). An
+  absolute-form target is split into its authority and its origin-form path (400 when
+  malformed): the application decides on the authority (the router reduces a target naming
+  its own frontend to its path and refuses the others: never the client's authority).
 * **Trailer fields never reach the head**: a chunked request's trailer fields are counted
   against the limits and dropped; the fields the application reads are the head's, complete
   before it is called (RFC 9110 6.5.1).
@@ -292,6 +293,9 @@ class ClientConnection(asyncio.BufferedProtocol):
                 if absolute is None:
                     raise _Refused(400, heads.BAD_ABSOLUTE_MESSAGE)
                 target, authority = absolute.origin_form, absolute.authority
+        hazard = heads.check_path(target)
+        if hazard is not None:
+            raise _Refused(400, hazard)
         version = parser.get_http_version()
         if version not in ("1.1", "1.0"):
             raise _Refused(505, heads.unknown_version(version))
