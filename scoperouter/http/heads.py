@@ -7,15 +7,19 @@ control characters and obs-fold (400), a request the router cannot serve as a re
 (``CONNECT`` 405, ``Upgrade`` 400, asterisk- and authority-form targets 400), a missing or
 repeated ``Host`` (400, RFC 9112 3.2), a transfer coding other than ``chunked`` (501) and a
 path a backend could resolve elsewhere than the router routes it (400, :func:`check_path`).
+The identity fields only keystonemiddleware sets (:data:`IDENTITY_NAMES`) are dropped from a
+client's head (:func:`strip_identity`), never refused.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 from typing import Literal
 
 from scoperouter.catalog import Limits
+from scoperouter.http.wire import Fields
 
 # RFC 9110 5.5: a field value with NUL, CR or LF must be refused; other controls (except HTAB)
 # have no place in OpenStack's headers either. Lines are split on LF and lose their CR first.
@@ -217,3 +221,67 @@ def check_path(target: bytes) -> str | None:
     if hit == b"\\":
         return BACKSLASH_MESSAGE
     return ENCODED_SLASH_MESSAGE if hit.lower() == b"%2f" else DOT_SEGMENT_MESSAGE
+
+
+# -- identity fields only keystonemiddleware sets
+
+# keystonemiddleware's auth_token sets these for the service behind it and pops them from every
+# request first (auth_token/_request.py, _all_auth_headers: remove_auth_headers); its
+# external_oauth2_token did not (CVE-2026-22797, OSSA-2026-001). OpenStack-System-Scope is set
+# by the same _set_auth_headers (not in its removal list): no client sends it either.
+_IDENTITY_TEMPLATE = (
+    "domain-id",
+    "domain-name",
+    "project-id",
+    "project-name",
+    "project-domain-id",
+    "project-domain-name",
+    "user-id",
+    "user-name",
+    "user-domain-id",
+    "user-domain-name",
+    "roles",
+)
+IDENTITY_FIELDS: tuple[str, ...] = (
+    "x-service-catalog",
+    "x-identity-status",
+    "x-service-identity-status",
+    "x-is-admin-project",
+    "x-role",  # keystonemiddleware's deprecated names
+    "x-user",
+    "x-tenant-id",
+    "x-tenant-name",
+    "x-tenant",
+    *(f"x-{name}" for name in _IDENTITY_TEMPLATE),
+    *(f"x-service-{name}" for name in _IDENTITY_TEMPLATE),
+    "openstack-system-scope",
+)
+
+
+def _spellings(name: str) -> list[str]:
+    """`name` with each "-" also as "_": a WSGI server turns both into "_" in the environ
+    (``X_Roles`` is ``HTTP_X_ROLES`` too), so each spelling reaches keystonemiddleware's key."""
+    parts = name.split("-")
+    return [
+        "".join(itertools.chain.from_iterable(zip(parts, (*joins, ""), strict=True)))
+        for joins in itertools.product("-_", repeat=len(parts) - 1)
+    ]
+
+
+# Lower-case, every spelling -> the name as keystonemiddleware writes it (lower-case, "-").
+IDENTITY_NAMES: dict[str, str] = {
+    spelling: name for name in IDENTITY_FIELDS for spelling in _spellings(name)
+}
+
+
+def strip_identity(fields: Fields, headers: dict[str, str]) -> tuple[Fields, tuple[str, ...]]:
+    """The head's `fields` without an identity field (any case, any spelling, every repeat),
+    those names taken out of `headers` too (in place), and the names dropped (as
+    keystonemiddleware writes them, sorted): for a head where
+    ``not IDENTITY_NAMES.keys().isdisjoint(headers)``."""
+    names = IDENTITY_NAMES
+    dropped = sorted({names[key] for key in headers if key in names})
+    for key in [key for key in headers if key in names]:
+        del headers[key]
+    kept = [field for field in fields if field[0].decode("latin-1").lower() not in names]
+    return kept, tuple(dropped)

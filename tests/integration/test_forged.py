@@ -1,6 +1,9 @@
 """Defence in depth on the frontends and the peer link (issue 30), raw bytes against real
 routers in front of recording backends:
 
+* identity fields only keystonemiddleware sets (``X-Roles``, ``X-User-Id``,
+  ``X-Is-Admin-Project``...: CVE-2026-22797, OSSA-2026-001) are dropped from a client's head,
+  any case, any spelling, every repeat, and the access log says which (names, never values);
 * a path a backend could resolve to another service than the one the router routed it to
   (``/network/../placement/...``, ``%2E%2E``, ``%2F``, a backslash) is refused with 400 and
   never reaches a backend.
@@ -15,7 +18,10 @@ routers in front of recording backends:
 from __future__ import annotations
 
 import json
+import socket
+import ssl
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +37,47 @@ from .test_hostile import message, received, statuses, talk
 pytestmark = pytest.mark.integration
 
 ONE, TWO = "127.0.0.67", "127.0.0.68"
+SCOPE_TWO = b'X-Scope: {"network": "CloudTwo"}\r\n'
+
+# keystonemiddleware's own list (auth_token/_request.py, _all_auth_headers), written out here
+# rather than taken from the router's code; with OpenStack-System-Scope, which it also sets.
+KEYSTONEMIDDLEWARE = [
+    "X-Service-Catalog",
+    "X-Identity-Status",
+    "X-Service-Identity-Status",
+    "X-Is-Admin-Project",
+    "X-Role",
+    "X-User",
+    "X-Tenant-Id",
+    "X-Tenant-Name",
+    "X-Tenant",
+    *[
+        f"X{prefix}-{name}"
+        for prefix in ("", "-Service")
+        for name in (
+            "Domain-Id",
+            "Domain-Name",
+            "Project-Id",
+            "Project-Name",
+            "Project-Domain-Id",
+            "Project-Domain-Name",
+            "User-Id",
+            "User-Name",
+            "User-Domain-Id",
+            "User-Domain-Name",
+            "Roles",
+        )
+    ],
+    "OpenStack-System-Scope",
+]
+# What a client does send and must keep sending (tokens, ids, microversions).
+KEPT = [
+    (b"X-Auth-Token", b"user-token"),
+    (b"X-Service-Token", b"service-token"),
+    (b"X-Openstack-Request-Id", b"req-client"),
+    (b"OpenStack-API-Version", b"network 2.1"),
+    (b"X-Roles-Wanted", b"not-an-identity-field"),
+]
 
 
 @dataclass
@@ -119,6 +166,111 @@ def forged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Forged]:
         log = router.log_text()
         assert "Traceback" not in log and '"level":"ERROR"' not in log, log[-3000:]
     assert set(codes.values()) == {0}
+
+
+def _spelled(name: str, index: int) -> bytes:
+    """`name` in another case, or with "_" for "-" (a WSGI server reads both as one key)."""
+    spellings = (name, name.upper(), name.lower(), name.replace("-", "_"))
+    return spellings[index % len(spellings)].encode()
+
+
+def forged_head(
+    path: bytes, host: bytes, extra: bytes = b"", kept: list[tuple[bytes, bytes]] = KEPT
+) -> bytes:
+    """A request carrying every identity field (some twice, in other spellings), each with a
+    value that says it is forged, and the fields a client legitimately sends."""
+    lines = [b"GET %s HTTP/1.1" % path, b"Host: " + host]
+    for index, name in enumerate(KEYSTONEMIDDLEWARE):
+        lines.append(b"%s: spoof%d" % (_spelled(name, index), index))
+    lines += [b"x-roles: spoof-admin", b"X_IS_ADMIN_PROJECT: spoof-True"]  # repeats
+    lines += [b"%s: %s" % field for field in kept]
+    return b"\r\n".join(lines) + b"\r\n" + extra + b"Connection: close\r\n\r\n"
+
+
+def assert_clean(
+    backend: RecordingBackend, path: bytes, kept: list[tuple[bytes, bytes]] = KEPT
+) -> None:
+    """The one request for `path` reached `backend` without an identity field, with the rest."""
+    [seen] = received(backend, path)
+    names = {name.decode().lower().replace("_", "-") for name, _ in seen.fields}
+    assert not names & {name.lower() for name in KEYSTONEMIDDLEWARE}, sorted(names)
+    for name, value in kept:
+        assert seen.values(name) == [value], (name, seen.fields)
+    assert b"spoof" not in backend.raw
+
+
+def stripped_once(router: Router, path: str) -> dict[str, Any]:
+    """The request's one access line, naming the dropped fields; one warning, no values."""
+    [entry] = router.wait_for_access(path=path, status=200)
+    names = entry["stripped"].split(",")
+    assert names == sorted({name.lower() for name in KEYSTONEMIDDLEWARE}), names
+    log = router.wait_for_log(entry["request_id"], count=2)  # the warning and the access line
+    [warning] = [
+        line for line in log.splitlines() if "dropped the identity" in line and path in line
+    ]
+    assert "x-is-admin-project" in warning and entry["request_id"] in warning
+    assert "spoof" not in log
+    return entry
+
+
+def test_forged_identity_fields_never_reach_a_local_backend(forged: Forged) -> None:
+    path = b"/network/v2.0/networks/forged-local"
+    got = talk(forged.front, forged_head(path, forged.host))
+    assert statuses(got) == [200], got[:500]
+    assert_clean(forged.backend_one, path.removeprefix(b"/network"))
+    entry = stripped_once(forged.one, path.decode())
+    assert entry["decision"] == "local" and entry["service"] == "network"
+
+
+def test_forged_identity_fields_never_cross_to_another_cloud(forged: Forged) -> None:
+    """Scoped to CloudTwo: the hop goes over CloudTwo's peer link, without them."""
+    path = b"/network/v2.0/networks/forged-remote"
+    kept = KEPT[2:]  # the tokens carry the scope, or are swapped, on a hop: not compared here
+    got = talk(forged.front, forged_head(path, forged.host, SCOPE_TWO, kept))
+    assert statuses(got) == [200], got[:500]
+    assert_clean(forged.backend_two, path.removeprefix(b"/network"), kept)
+    entry = stripped_once(forged.one, path.decode())
+    assert entry["decision"] == "remote" and entry["cloud"] == "CloudTwo"
+    # CloudTwo's router got none of them: nothing to drop there.
+    [hop] = forged.two.wait_for_access(request_id=entry["request_id"], status=200)
+    assert "stripped" not in hop
+
+
+def test_forged_identity_fields_are_dropped_on_the_peer_link(forged: Forged) -> None:
+    """Straight to CloudTwo's peer link (as another router, or anyone holding the CA's trust,
+    could send): dropped there too."""
+    path = b"/network/v2.0/networks/forged-peer"
+    extra = b"X-Scope-Frontend: %s\r\n" % forged.front_two.encode()
+    context = ssl.create_default_context(cafile=str(forged.ca))
+    with (
+        socket.create_connection(forged.peer_two, timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname=forged.peer_two[0]) as sock,
+    ):
+        sock.sendall(forged_head(path, f"{TWO}:{forged.peer_two[1]}".encode(), extra))
+        got = b""
+        while chunk := sock.recv(65536):
+            got += chunk
+    assert statuses(got) == [200], got[:500]
+    assert_clean(forged.backend_two, path.removeprefix(b"/network"))
+    stripped_once(forged.two, path.decode())
+
+
+def test_the_stripped_requests_are_counted(forged: Forged) -> None:
+    talk(forged.front, forged_head(b"/network/v2.0/networks/forged-count", forged.host))
+    forged.one.wait_for_access(path="/network/v2.0/networks/forged-count", status=200)
+    deadline = time.monotonic() + 5
+    while True:
+        with urllib.request.urlopen(forged.metrics, timeout=5) as answer:
+            text = answer.read().decode()
+        counts = [
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith("scoperouter_identity_fields_stripped_total ")
+        ]
+        if (counts and counts[0] >= 1) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert counts and counts[0] >= 1, text[-2000:]
 
 
 @pytest.mark.parametrize(

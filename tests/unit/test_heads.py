@@ -1,5 +1,5 @@
-"""What a client may send in a request head: paths a backend could resolve elsewhere
-(scoperouter/http/heads.py)."""
+"""What a client may send in a request head: paths a backend could resolve elsewhere, and the
+identity fields only keystonemiddleware sets (scoperouter/http/heads.py)."""
 
 from __future__ import annotations
 
@@ -58,3 +58,32 @@ def test_an_accepted_path_is_the_path_every_backend_sees(pieces: list[str]) -> N
         path = target.decode().partition("?")[0]
         assert _resolved(path) == re.sub("%2e", ".", path, flags=re.IGNORECASE)
         assert "%2f" not in path.lower() and "\\" not in path
+
+
+def test_identity_fields_are_keystonemiddlewares_and_every_spelling() -> None:
+    names = heads.IDENTITY_NAMES
+    for name in ("x-roles", "x-service-roles", "x-is-admin-project", "x-service-catalog"):
+        assert names[name] == name
+    assert names["x_service_project_domain_name"] == "x-service-project-domain-name"
+    assert names["x-service_roles"] == "x-service-roles"
+    assert names["openstack-system-scope"] == "openstack-system-scope"
+    # what clients and services do send stays
+    for kept in ("x-auth-token", "x-service-token", "x-subject-token", "x-openstack-request-id"):
+        assert kept not in names
+
+
+def test_strip_identity_drops_every_repeat_and_spelling_and_says_which() -> None:
+    fields = [
+        (b"Host", b"h"),
+        (b"X-Roles", b"admin"),
+        (b"X-Auth-Token", b"t"),
+        (b"x_roles", b"admin"),
+        (b"X-IS-ADMIN-PROJECT", b"True"),
+        (b"X-Service-Token", b"s"),
+    ]
+    headers = {"host": "h", "x-roles": "admin", "x-auth-token": "t", "x_roles": "admin"}
+    headers |= {"x-is-admin-project": "True", "x-service-token": "s"}
+    kept, dropped = heads.strip_identity(fields, headers)
+    assert kept == [(b"Host", b"h"), (b"X-Auth-Token", b"t"), (b"X-Service-Token", b"s")]
+    assert headers == {"host": "h", "x-auth-token": "t", "x-service-token": "s"}
+    assert dropped == ("x-is-admin-project", "x-roles")
