@@ -5,16 +5,21 @@ server refuse the same heads with the same status and message: too many or too l
 fields (431), a request line too long (414), a head or a body not complete in time (408),
 control characters and obs-fold (400), a request the router cannot serve as a reverse proxy
 (``CONNECT`` 405, ``Upgrade`` 400, asterisk- and authority-form targets 400), a missing or
-repeated ``Host`` (400, RFC 9112 3.2) and a transfer coding other than ``chunked`` (501).
+repeated ``Host`` (400, RFC 9112 3.2), a transfer coding other than ``chunked`` (501) and a
+path a backend could resolve elsewhere than the router routes it (400, :func:`check_path`).
+The identity fields only keystonemiddleware sets (:data:`IDENTITY_NAMES`) are dropped from a
+client's head (:func:`strip_identity`), never refused.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 from typing import Literal
 
 from scoperouter.catalog import Limits
+from scoperouter.http.wire import Fields
 
 # RFC 9110 5.5: a field value with NUL, CR or LF must be refused; other controls (except HTAB)
 # have no place in OpenStack's headers either. Lines are split on LF and lose their CR first.
@@ -179,3 +184,104 @@ def split_request_line(line: bytes | bytearray) -> tuple[str, str]:
     method = parts[0].decode("ascii", "replace")[:16] if parts and parts[0] else "-"
     path = parts[1].partition(b"?")[0].decode("ascii", "replace")[:256] if len(parts) > 1 else "-"
     return method, path
+
+
+# -- paths a backend could resolve elsewhere
+
+# A dot-segment ("." or "..", each dot literal or %2E: RFC 3986 3.3, 5.2.4), an encoded slash,
+# a backslash: one search of the whole target (most have none), a hit in the query ignored.
+_PATH_HAZARD = re.compile(rb"/(?:\.|%2e){1,2}(?=[/?]|\Z)|%2f|\\", re.IGNORECASE)
+DOT_SEGMENT_MESSAGE = (
+    "the request path has a '.' or '..' segment (or one percent-encoded, '%2E'): the router "
+    "routes a path as it is sent and does not forward one a backend could resolve to another "
+    "service; send the path with its dot-segments removed (RFC 3986 5.2.4)"
+)
+ENCODED_SLASH_MESSAGE = (
+    "the request path has an encoded slash ('%2F'): the router routes a path as it is sent and "
+    "does not forward one a backend could split elsewhere"
+)
+BACKSLASH_MESSAGE = (
+    "the request path has a backslash, which is not a URI character (RFC 3986 2): "
+    "percent-encode it ('%5C')"
+)
+
+
+def check_path(target: bytes) -> str | None:
+    """The refusal of an origin-form target whose path a backend could resolve to another
+    route than the router's: a dot-segment (literal or ``%2E``), ``%2F``, a backslash; else
+    None. (``%5C`` passes: it names a backslash in a name, e.g. a swift object's, and no
+    backend splits a path on it.)"""
+    found = _PATH_HAZARD.search(target)
+    if found is None:
+        return None
+    query = target.find(b"?")
+    if 0 <= query < found.start():
+        return None  # the first hit is in the query: the path has none
+    hit = found.group()
+    if hit == b"\\":
+        return BACKSLASH_MESSAGE
+    return ENCODED_SLASH_MESSAGE if hit.lower() == b"%2f" else DOT_SEGMENT_MESSAGE
+
+
+# -- identity fields only keystonemiddleware sets
+
+# keystonemiddleware's auth_token sets these for the service behind it and pops them from every
+# request first (auth_token/_request.py, _all_auth_headers: remove_auth_headers); its
+# external_oauth2_token did not (CVE-2026-22797, OSSA-2026-001). OpenStack-System-Scope is set
+# by the same _set_auth_headers (not in its removal list): no client sends it either.
+_IDENTITY_TEMPLATE = (
+    "domain-id",
+    "domain-name",
+    "project-id",
+    "project-name",
+    "project-domain-id",
+    "project-domain-name",
+    "user-id",
+    "user-name",
+    "user-domain-id",
+    "user-domain-name",
+    "roles",
+)
+IDENTITY_FIELDS: tuple[str, ...] = (
+    "x-service-catalog",
+    "x-identity-status",
+    "x-service-identity-status",
+    "x-is-admin-project",
+    "x-role",  # keystonemiddleware's deprecated names
+    "x-user",
+    "x-tenant-id",
+    "x-tenant-name",
+    "x-tenant",
+    *(f"x-{name}" for name in _IDENTITY_TEMPLATE),
+    *(f"x-service-{name}" for name in _IDENTITY_TEMPLATE),
+    "openstack-system-scope",
+)
+
+
+def _spellings(name: str) -> list[str]:
+    """`name` with each "-" also as "_": a WSGI server turns both into "_" in the environ
+    (``X_Roles`` is ``HTTP_X_ROLES`` too), so each spelling reaches keystonemiddleware's key."""
+    parts = name.split("-")
+    return [
+        "".join(itertools.chain.from_iterable(zip(parts, (*joins, ""), strict=True)))
+        for joins in itertools.product("-_", repeat=len(parts) - 1)
+    ]
+
+
+# Lower-case, every spelling -> the name as keystonemiddleware writes it (lower-case, "-").
+IDENTITY_NAMES: dict[str, str] = {
+    spelling: name for name in IDENTITY_FIELDS for spelling in _spellings(name)
+}
+
+
+def strip_identity(fields: Fields, headers: dict[str, str]) -> tuple[Fields, tuple[str, ...]]:
+    """The head's `fields` without an identity field (any case, any spelling, every repeat),
+    those names taken out of `headers` too (in place), and the names dropped (as
+    keystonemiddleware writes them, sorted): for a head where
+    ``not IDENTITY_NAMES.keys().isdisjoint(headers)``."""
+    names = IDENTITY_NAMES
+    dropped = sorted({names[key] for key in headers if key in names})
+    for key in [key for key in headers if key in names]:
+        del headers[key]
+    kept = [field for field in fields if field[0].decode("latin-1").lower() not in names]
+    return kept, tuple(dropped)

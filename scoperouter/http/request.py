@@ -115,3 +115,5 @@ class Request:
     started: float  # time.monotonic() of the head's first byte
 
     has_body: bool  # chunked, or a Content-Length above 0
+    # identity fields dropped from the head (keystonemiddleware's names, lower-case, sorted)
+    stripped: tuple[str, ...] = ()

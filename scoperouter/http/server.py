@@ -12,9 +12,12 @@ queued and handed in order to the application.
   router is not a tunnel), so is a protocol ``Upgrade`` (400) and a target in asterisk- or
   authority-form (400); an HTTP/1.1 request needs exactly one valid ``Host`` (400); the only
   transfer coding is ``chunked`` (501 for others, 400 in HTTP/1.0); ``Connection`` lists
-  tokens (400). An absolute-form target is split into its authority and its origin-form path
-  (400 when malformed): the application decides on the authority (the router reduces a target
-  naming its own frontend to its path and refuses the others: never the client's authority).
+  tokens (400); a path with a dot-segment, ``%2F`` or a backslash is refused (400). The
+  identity fields only keystonemiddleware sets (``X-Roles``, ``X-User-Id``...) are dropped
+  from the head, the request saying which (:attr:`Request.stripped`). An absolute-form target
+  is split into its authority and its origin-form path (400 when malformed): the application
+  decides on the authority (the router reduces a target naming its own frontend to its path
+  and refuses the others: never the client's authority).
 * **Trailer fields never reach the head**: a chunked request's trailer fields are counted
   against the limits and dropped; the fields the application reads are the head's, complete
   before it is called (RFC 9110 6.5.1).
@@ -58,6 +61,7 @@ logger = logging.getLogger("scoperouter")
 PIPELINE_MAX = 8  # requests queued on one connection before reading from it pauses
 
 _CONTROL = heads.CONTROL
+_IDENTITY = heads.IDENTITY_NAMES.keys()
 
 
 class _Refused(Exception):
@@ -292,10 +296,16 @@ class ClientConnection(asyncio.BufferedProtocol):
                 if absolute is None:
                     raise _Refused(400, heads.BAD_ABSOLUTE_MESSAGE)
                 target, authority = absolute.origin_form, absolute.authority
+        hazard = heads.check_path(target)
+        if hazard is not None:
+            raise _Refused(400, hazard)
         version = parser.get_http_version()
         if version not in ("1.1", "1.0"):
             raise _Refused(505, heads.unknown_version(version))
         headers = header_map(self._fields)
+        stripped: tuple[str, ...] = ()
+        if not _IDENTITY.isdisjoint(headers):  # forged: only keystonemiddleware sets them
+            self._fields, stripped = heads.strip_identity(self._fields, headers)
         host = headers.get("host")
         if host is None:
             if version != "1.0":
@@ -333,6 +343,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             has_body=coding is not None or bool(content_length),
             body=Body(self),
             started=self.head_started or time.monotonic(),
+            stripped=stripped,
         )
         self.head_started = None
         self._current = request

@@ -186,6 +186,7 @@ class _Site:
             listener=self.listener,
             tls=conn.tls,
             started=request.started,
+            stripped=request.stripped,
         )
         return self.server.pipeline.handle(incoming, _Answering(self.server, conn, request))
 

@@ -4,7 +4,8 @@ Written once per request, when its answer is known (:meth:`AccessLog.write`: the
 last step, whatever the answer), and once per head refused before the pipeline saw a request
 (:meth:`AccessLog.refused`). The request id (``X-Scope-Request-Id``, passed to the
 next router and returned to the client) ties the lines of every router a request crossed.
-Fields never include a header value, a query string or a body (where tokens travel).
+Fields never include a header value, a query string or a body (where tokens travel); the names
+of identity fields a client forged and the router dropped are one (``stripped``).
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ class AccessLog:
                 fields["decision"] = "refused"
             if note is not None:
                 fields[note[0]] = note[1]
+            if state.stripped:
+                fields["stripped"] = ",".join(state.stripped)
             access.info("%s", message, extra={FIELDS: fields})
             return
         # The same line as above, as JsonFormatter would write it (a test holds the two equal),
@@ -93,6 +96,8 @@ class AccessLog:
             line += ',"decision":"refused"'
         if note is not None:
             line += f',"{note[0]}":{q(note[1])}'
+        if state.stripped:
+            line += f',"stripped":{q(",".join(state.stripped))}'
         direct.add(line + "}")
 
     def refused(self, refusal: HeadRefusal) -> None:

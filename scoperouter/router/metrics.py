@@ -50,6 +50,11 @@ PEER_CONNECTIONS = Counter(
     "background: the warm set, and twice the most in use at once).",
     ["upstream", "reason"],
 )
+IDENTITY_STRIPPED = Counter(
+    "scoperouter_identity_fields_stripped",
+    "Requests whose head carried identity fields only keystonemiddleware sets (X-Roles, "
+    "X-User-Id, X-Identity-Status...): dropped before routing (CVE-2026-22797).",
+)
 RELOADS = Counter(
     "scoperouter_config_reloads",
     "Config reloads by result (ok, refused).",
@@ -102,6 +107,11 @@ class Metrics:
         if counter is None:
             counter = self._peer_connections[key] = PEER_CONNECTIONS.labels(*key)
         counter.inc()
+
+    @staticmethod
+    def stripped() -> None:
+        """A request's forged identity fields were dropped."""
+        IDENTITY_STRIPPED.inc()
 
     @staticmethod
     def opened() -> None:

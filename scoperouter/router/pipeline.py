@@ -4,7 +4,9 @@ carries its bytes (it imports neither an HTTP library nor mitmproxy).
     facts -> decide -> admit (breaker) -> swap tokens -> send, or combine -> failure answer
           -> catalog region -> access log + metrics
 
-* **facts**: where the request came in (a frontend, or the peer link and the frontend its
+* **facts** (the HTTP layer has dropped identity fields a client forged and refused a path
+  a backend could resolve elsewhere; :meth:`Pipeline.stripped` logs and counts the former):
+  where the request came in (a frontend, or the peer link and the frontend its
   ``X-Scope-Frontend`` names; plain HTTP on an https frontend is refused), its origin-form
   target (an absolute-form target is reduced when it names the frontend itself, refused with
   421 otherwise: the client's authority never reaches an upstream, the frontend's is its
@@ -84,6 +86,7 @@ class Incoming:
     listener: Listener  # a frontend, or the peer link
     tls: bool  # the client spoke TLS
     started: float  # time.monotonic() of the head's first byte
+    stripped: tuple[str, ...] = ()  # identity fields the HTTP layer dropped (their names)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -165,6 +168,8 @@ class Pipeline:
         """Answer one request that came in on a frontend or the peer link."""
         path = request.target.partition("?")[0]
         state = new_state(request.method, path, request.headers, request.started)
+        if request.stripped:
+            self.stripped(state, request.stripped)
         status, error = 0, None
         try:
             decision = self.reverse(request, state)
@@ -313,6 +318,21 @@ class Pipeline:
     ) -> fanout.Reply:
         state.decision = decision
         return await self.combiner.answer(decision, state, method, headers, body, base_url)
+
+    def stripped(self, state: RequestState, names: tuple[str, ...]) -> None:
+        """The client's head carried identity fields only keystonemiddleware sets (`names`,
+        dropped before anyone read the head): a warning, once per request, names only (never
+        the values); the access log line says so too, and the count."""
+        state.stripped = names
+        logger.warning(
+            "request %s (%s %s): dropped the identity header field(s) %s the client sent: only "
+            "keystonemiddleware sets them (CVE-2026-22797)",
+            state.request_id,
+            state.method,
+            state.path[:200],
+            ", ".join(names),
+        )
+        self.metrics.stripped()
 
     def done(self, state: RequestState, status: int, error: str | None = None) -> None:
         """The request is answered (or given up): its access log line and its count."""

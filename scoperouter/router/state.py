@@ -53,6 +53,9 @@ class RequestState:
     # failover returned.
     tried: str | None = None
     answered: str | None = None
+    # The identity fields dropped from the client's head (only keystonemiddleware sets them):
+    # their names, for the log (never their values).
+    stripped: tuple[str, ...] = ()
 
 
 def new_state(

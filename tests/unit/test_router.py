@@ -511,6 +511,7 @@ class _Clock:
     message=st.none() | st.text(max_size=200),
     error=st.none() | st.text(max_size=200),
     tried=st.none() | st.text(max_size=400),
+    stripped=st.sampled_from([(), ("x-roles",), ("x-is-admin-project", "x-roles", "x-user-id")]),
 )
 def test_the_direct_access_line_is_the_logging_line(
     method: str,
@@ -521,6 +522,7 @@ def test_the_direct_access_line_is_the_logging_line(
     message: str | None,
     error: str | None,
     tried: str | None,
+    stripped: tuple[str, ...],
 ) -> None:
     """The access line is written straight to the router's JSON handler (no LogRecord: a
     third of its cost); it must be the very line the logging machinery writes for the same
@@ -554,6 +556,7 @@ def test_the_direct_access_line_is_the_logging_line(
                 request_id="req-1", headers={}, method=method, path=path, started=1000.0
             )
             state.decision, state.message, state.tried = chosen, message, tried
+            state.stripped = stripped
             extra = logging.NullHandler()
             if capture:
                 root.addHandler(extra)  # the logging machinery's turn
@@ -572,3 +575,4 @@ def test_the_direct_access_line_is_the_logging_line(
     # the same text after the timestamp (the machinery's record has its own clock)
     assert lines[0].partition('","level"')[2] == lines[1].partition('","level"')[2]
     assert direct == machinery and direct["method"] == method and direct["path"] == path
+    assert direct.get("stripped", "") == ",".join(stripped)
