@@ -723,20 +723,16 @@ def test_soak_verdicts_miss_what_went_wrong() -> None:
         [_interval(10, 11.0), _interval(11, 11.0)]
     )
     assert only_miss(_record(intervals=slow)) == {"p99 stable"}
-    # ... unless the generator itself was late in that interval (left out, and said so)
+    # the generator late in one of the last window's two intervals: too many to leave out
     stalled = clean.intervals[:11] + soak_verdict.merge_intervals(
         [_interval(11, 50.0, slow=100, late=1)]
     )
-    assert only_miss(_record(intervals=stalled)) == set()
-    row = next(
-        t for t in soak_verdict.verdicts(_record(intervals=stalled)) if t.name == "p99 stable"
-    )
-    assert "1 intervals left out" in row.measured
+    assert only_miss(_record(intervals=stalled)) == {"p99 stable"}
+    assert _results(_record(intervals=stalled))["p99 stable"] == "INCONCLUSIVE"
     # the generator: 2 % of the requests sent late, in every interval (so no p99 to judge)
     late = _record(intervals=[{**i, "late": 10} for i in clean.intervals])
-    assert only_miss(late) == {soak_verdict.GENERATOR, "p99 stable"}
+    assert only_miss(late) == {soak_verdict.GENERATOR}  # the p99 with every request passes
     assert _results(late)[soak_verdict.GENERATOR] == "MISS"
-    assert _results(late)["p99 stable"] == "n/a"
     assert "fell behind" in soak_verdict.render(late, soak_verdict.verdicts(late))
 
 
