@@ -116,16 +116,54 @@ def test_comparison_finds_regressions_and_differences() -> None:
     out = io.StringIO()
     assert verdict(comp, by_mode, {"direct": 1, "router": 1, "scoped": 1}, out) == 1
     text = out.getvalue()
-    assert "fails in (c) scoped: t.broken" in text and "fails in (b) router: t.lost" in text
+    assert "failed in (c) scoped: t.broken" in text and "missing in (b) router: t.lost" in text
+
+
+def _skip(reason: str) -> Outcome:
+    return Outcome(Status.SKIPPED, reason)
+
+
+def test_a_test_that_passes_direct_and_skips_through_the_router_fails_the_run() -> None:
+    """OpenStack's functional tests skip when a service or feature looks absent: a router that
+    hid one would turn failures into skips. Passed direct, skipped (or errored) in another
+    mode: a regression; skipped everywhere for the same reason: not even a difference."""
+    by_mode = {
+        "direct": {"t.hidden": _o(P), "t.errs": _o(P), "t.lab": _skip("no swift"),
+                   "t.why": _skip("no swift"), "t.skipfail": _skip("no swift")},
+        "router": {"t.hidden": _skip("image service not found"), "t.errs": _o(P),
+                   "t.lab": _skip("no swift"), "t.why": _skip("no swift"),
+                   "t.skipfail": _o(F)},
+        "scoped": {"t.hidden": _o(P), "t.errs": _o(F), "t.lab": _skip("no swift"),
+                   "t.why": _skip("object-store endpoint not found"),
+                   "t.skipfail": _skip("no swift")},
+    }  # fmt: skip
+    comp = compare(by_mode, ["direct", "router", "scoped"])
+    assert comp.regressions() == {
+        "t.errs": ["scoped"],
+        "t.hidden": ["router"],
+        "t.skipfail": ["router"],
+        "t.why": ["scoped"],
+    }
+    assert comp.differences() == ["t.errs", "t.hidden", "t.skipfail", "t.why"]  # not t.lab
+    out = io.StringIO()
+    assert verdict(comp, by_mode, dict.fromkeys(by_mode, 1), out) == 1
+    text = out.getvalue()
+    assert "passes in (a) direct, skipped in (b) router: t.hidden" in text
+    assert "(b) image service not found" in text
+    assert "skipped in (a) direct, skipped in (c) scoped: t.why" in text
+    assert "t.lab" not in text
+    # the same skip in every mode, the rest passing: the run passes
+    same = {m: {"t.ok": _o(P), "t.lab": _skip("no swift")} for m in by_mode}
+    assert verdict(compare(same, list(same)), same, dict.fromkeys(same, 0), io.StringIO()) == 0
 
 
 def test_verdict_refuses_an_empty_or_aborted_mode() -> None:
     by_mode = {"direct": {"t.a": _o(P)}, "router": {"t.a": _o(S)}, "scoped": {"t.a": _o(P)}}
     comp = compare(by_mode, ["direct", "router", "scoped"])
-    assert comp.regressions() == {}  # skipped is not failed ...
+    assert comp.regressions() == {"t.a": ["router"]}  # passed direct, skipped: a regression
     out = io.StringIO()
     assert verdict(comp, by_mode, {"direct": 0, "router": 0, "scoped": 2}, out) == 1
-    assert "(b) router ran no test" in out.getvalue()  # ... but a mode that ran nothing fails
+    assert "(b) router ran no test" in out.getvalue()  # ... and a mode that ran nothing fails
     assert "(c) scoped: pytest exit 2" in out.getvalue()
     good = {m: {"t.a": _o(P)} for m in ("direct", "router", "scoped")}
     assert verdict(compare(good, list(good)), good, dict.fromkeys(good, 0), io.StringIO()) == 0
