@@ -317,6 +317,20 @@ def test_the_module_parser_check_finds_what_does_not_parse() -> None:
     assert isinstance(results[3], list) and "--between" in results[3] and "load" in results[3]
 
 
+def test_ci_runs_the_readmes_install_and_test_commands_as_written() -> None:
+    """.ci/run's first command is the README's quick-start install, verbatim, and it runs the
+    README's test command verbatim: CI green means a new user's first run is green too."""
+    readme = [line.strip() for line in code_lines((ROOT / "README.md").read_text())]
+    install = [line for line in readme if line.startswith("python3 -m venv")]
+    assert install == ["python3 -m venv .venv && .venv/bin/pip install -e '.[test]' -e ./lab"]
+    assert ".venv/bin/python -m pytest" in readme
+    script = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    commands = [line for line in script if line and not line.startswith("#")]
+    first_pip = next(i for i, line in enumerate(commands) if "pip install" in line)
+    assert commands[first_pip] == install[0]
+    assert ".venv/bin/python -m pytest" in commands
+
+
 # ------------------------------------------------------------------------- --help examples
 
 
