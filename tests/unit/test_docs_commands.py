@@ -21,6 +21,7 @@ import contextlib
 import importlib
 import io
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -329,6 +330,54 @@ def test_ci_runs_the_readmes_install_and_test_commands_as_written() -> None:
     first_pip = next(i for i, line in enumerate(commands) if "pip install" in line)
     assert commands[first_pip] == install[0]
     assert ".venv/bin/python -m pytest" in commands
+
+
+# The `openstack` commands the pages show: each is a command of the `openstack` of the venv the
+# quick start makes (python-openstackclient with the plugins the client extra brings: heat's
+# `orchestration`, placement's `resource provider`), checked with `--help` (no cloud needed).
+INLINE_OPENSTACK = re.compile(r"`(?:\.venv/bin/)?openstack ([^`]+)`")
+STOP = re.compile(r"^-|[$<>|.┊]|^[A-Z_]+$")  # an option, a placeholder, a value
+
+
+def openstack_commands() -> dict[tuple[str, ...], str]:
+    """The command words (and positional values) of every `openstack ...` of the pages ->
+    the first page that shows it; the global --os-* options and their values left out."""
+    found: dict[tuple[str, ...], str] = {}
+    for page in PAGES:
+        text = page.read_text()
+        argvs = [argv for line in code_lines(text) for argv in commands(line, "openstack")]
+        argvs += [shlex.split(inline) for inline in INLINE_OPENSTACK.findall(text)]
+        for argv in argvs:
+            while len(argv) > 1 and argv[0].startswith("--os-"):
+                argv = argv[2:]
+            words = []
+            for word in argv:
+                if STOP.search(word):
+                    break
+                words.append(word)
+            if words:
+                found.setdefault(tuple(words), _name(page))
+    return found
+
+
+def test_every_openstack_command_of_the_pages_is_in_the_venvs_cli() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OS_")}
+    done = subprocess.run(  # every command of the CLI and its plugins; no cloud needed
+        [str(Path(sys.executable).parent / "openstack"), "command", "list", "-f", "json"],
+        capture_output=True, text=True, timeout=300, env=env, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    known = {tuple(c.split()) for group in json.loads(done.stdout) for c in group["Commands"]}
+    found = openstack_commands()
+    assert ("orchestration", "template", "validate") in found  # heat's plugin
+    assert ("resource", "provider", "list") in found  # placement's
+    assert ("image", "list") in found and len(found) > 8
+    wrong = [
+        f"{page}: openstack {' '.join(words)}: not a command of {sys.executable}'s openstack"
+        for words, page in sorted(found.items())
+        if not any(words[: len(command)] == command for command in known)
+    ]
+    assert not wrong, "\n".join(wrong)
 
 
 # ------------------------------------------------------------------------- --help examples
