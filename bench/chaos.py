@@ -56,7 +56,7 @@ from bench import chaos_verdict as cv
 from bench.machine import machine_context
 from bench.options import apply_preset
 from bench.procs import interrupt_on_termination
-from bench.report import mark
+from bench.report import exit_status, mark, not_passed
 from bench.soak import seconds
 from bench.soak_verdict import LogFindings
 
@@ -781,7 +781,9 @@ def main(argv: list[str] | None = None) -> int:
             json.dumps(as_json(chaos, rows, context, elapsed), indent=1, default=str) + "\n"
         )
         say(f"written to {args.json}")
-    return 1 if any(r.ok is False for r in rows) else 0
+    for line in not_passed(rows):
+        print(line)
+    return exit_status(rows)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 A client request ends in one of the outcomes of :data:`OUTCOMES`; a broker operation in one of
 :data:`OP_STATES`. :func:`classify_answer` turns an HTTP answer into an outcome,
 :func:`verdicts` turns a :class:`Record` (requests, operations, faults, the repair report, the
-logs' findings) into PASS/MISS rows and :func:`render` prints the summary. Every goal is here
+logs' findings) into PASS, MISS or INCONCLUSIVE rows (nothing measured it: an empty run fails)
+and :func:`render` prints the summary. Every goal is here
 (and in bench/README.md, "Under faults").
 """
 
@@ -130,21 +131,23 @@ def drift(report: dict[str, Any] | None) -> list[str]:
 
 
 def verdicts(record: Record) -> list[Target]:
-    """The chaos run's assertions, each PASS or MISS (n/a when nothing measured it)."""
+    """The chaos run's assertions, each PASS, MISS or INCONCLUSIVE (nothing measured it)."""
     got = record.outcomes()
     total = sum(got.values())
     rows = [
         Target(
             "every client request ended in time",
             f"0 hangs (deadline {record.deadline:g} s)",
-            f"{total:,} requests: {got[HANG]} hangs; slowest {record.slowest:.1f} s",
+            f"{total:,} requests: {got[HANG]} hangs; slowest {record.slowest:.1f} s"
+            if total
+            else "no request sent",
             got[HANG] == 0 if total else None,
         ),
         Target(
             "errors are clean JSON",
             "0 non-JSON errors (clients' and brokers'), 0 wrong answers",
             f"{got[JSON_ERROR]} JSON errors, {got[NON_JSON]} non-JSON, {got[WRONG]} wrong; "
-            f"brokers: {record.broker_non_json} non-JSON",
+            f"brokers: {record.broker_non_json} non-JSON" + ("" if total else "; no request sent"),
             got[NON_JSON] == 0 and got[WRONG] == 0 and record.broker_non_json == 0
             if total
             else None,
@@ -162,7 +165,8 @@ def verdicts(record: Record) -> list[Target]:
             "0 stuck; every failure described",
             f"{len(record.operations)} operations: "
             + ", ".join(f"{states[s]} {s}" for s in OP_STATES if states[s])
-            + f"; {len(undescribed)} failures without a description",
+            + f"; {len(undescribed)} failures without a description"
+            + ("" if record.operations else ": none run"),
             states[STUCK] == 0 and not undescribed if record.operations else None,
         )
     )
@@ -183,7 +187,8 @@ def verdicts(record: Record) -> list[Target]:
         Target(
             "routers' and brokers' logs",
             "0 tracebacks",
-            ", ".join(f"{n}: {c}" for n, c in sorted(tracebacks.items())) or "0 tracebacks",
+            ", ".join(f"{n}: {c}" for n, c in sorted(tracebacks.items()))
+            or ("0 tracebacks" if record.logs else "no log read"),
             not tracebacks if record.logs else None,
         )
     )
@@ -195,7 +200,8 @@ def verdicts(record: Record) -> list[Target]:
             "the faults happened",
             "each planned fault done",
             f"{sum(kinds.values())} done ({done})"
-            + (f"; {len(failed)} not done: {failed[0].get('error', '')[:120]}" if failed else ""),
+            + (f"; {len(failed)} not done: {failed[0].get('error', '')[:120]}" if failed else "")
+            + ("" if record.faults else ": none planned"),
             not failed if record.faults else None,
         )
     )

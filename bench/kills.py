@@ -23,8 +23,9 @@ are made first, without kills, and never deleted, so the end state has live reco
 
 After the run the brokers are stopped and the store, the cloud's folder and the platform's view
 are compared (:mod:`bench.kills_verdict`): 0 lost records, 0 duplicates, 0 orphans, 0 operations
-left in progress, every interrupted operation ``succeeded``. PASS or MISS per database; exit
-status 1 on a MISS. See bench/README.md.
+left in progress, every interrupted operation ``succeeded``. PASS, MISS or INCONCLUSIVE (a row
+nothing measured, or no row) per database; exit status 0 only when every database PASSes.
+See bench/README.md.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ from bench.kills_verdict import (
 )
 from bench.machine import machine_context
 from bench.procs import interrupt_on_termination
-from bench.report import Target, mark, table, targets_table
+from bench.report import Target, exit_status, mark, not_passed, overall, table, targets_table
 from scoperouter.broker import migrate
 from scoperouter.broker.osbclient import Answer, OSBClient
 from scoperouter.broker.store import IN_PROGRESS, Store
@@ -671,13 +672,26 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(root, ignore_errors=True)
     for run in runs:
         print(render(run) + "\n")
-    summary = [[run.db, mark(all(r.ok is not False for r in run.rows))] for run in runs]
-    print(table(["database", "result"], summary))
+    status, lines = summary(runs)
+    print("\n".join(lines))
     print(f"\n(seed {args.seed}; load average before: {context['loadavg_before']})")
     if args.json:
         Path(args.json).write_text(json.dumps(as_json(runs, args, context), indent=1, default=str))
         say(f"written to {args.json}")
-    return 1 if any(r.ok is False for run in runs for r in run.rows) else 0
+    return status
+
+
+def summary(runs: list[DbRun]) -> tuple[int, list[str]]:
+    """The exit status and the summary's lines: a database's result is PASS only when every
+    one of its rows passed (none missing: a run that computed no row is INCONCLUSIVE), and
+    the status is 0 only when every database ran and PASSed."""
+    rows = [[run.db, mark(overall(run.rows))] for run in runs]
+    lines = [table(["database", "result"], rows)]
+    lines += [f"{run.db}: {line}" for run in runs for line in not_passed(run.rows)]
+    if not runs:
+        lines.append("INCONCLUSIVE: no database ran")
+    passed = bool(runs) and all(exit_status(run.rows) == 0 for run in runs)
+    return (0 if passed else 1), lines
 
 
 if __name__ == "__main__":

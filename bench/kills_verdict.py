@@ -191,8 +191,8 @@ def verdicts(
         Target(
             "SIGKILLs delivered",
             f"{kills_planned}, each ending a live broker",
-            f"{died} of {len(kills)} sent",
-            died == kills_planned == len(kills),
+            f"{died} of {len(kills)} sent" + ("" if kills_planned else ": none planned"),
+            died == kills_planned == len(kills) if kills_planned else None,
         )
     )
 
@@ -306,8 +306,9 @@ def verdicts(
             "interrupted operations succeeded",
             "each finishes `succeeded` (not failed on restart)",
             f"{len(interrupted) - len(bad)} of {len(interrupted)}"
-            + (f": {_examples(bad)}" if bad else ""),
-            not bad and bool(interrupted),
+            + (f": {_examples(bad)}" if bad else "")
+            + ("" if interrupted else ": no operation was interrupted"),
+            not bad if interrupted else None,
         )
     )
     others = [

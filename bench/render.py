@@ -201,24 +201,24 @@ def _log_cost(results: dict[str, Any], targets: list[report.Target]) -> str:
     info_c, warn_c = cost.get("cpu_us_info"), cost.get("cpu_us_warning")
     extra_cpu = 1 - warn_c / info_c if info_c and warn_c else None
     # The goal is on throughput. A router at capacity serves its cores / its CPU per request,
-    # so the throughput the line costs it is the share of the router's work (instructions,
-    # with perf) or CPU time per request the line adds; req/s at one load point says the same
-    # only when nothing else runs: on a machine others are using it moves by more than the line
-    # costs. The target is judged on the first of the three measured.
-    measured = f"{lost:.1%} of req/s ({cost['rps_info']:,.0f} vs {cost['rps_warning']:,.0f})"
-    judged = lost
+    # so the throughput the line costs it is the share of CPU time per request (user + system,
+    # every process of the router: the kernel's cost of writing the line included) the line
+    # adds, INFO and WARNING alternating. User-space instructions (perf) leave the write(2) out,
+    # and req/s at one load point moves by more than the line costs on a machine others use:
+    # both are shown, neither judges. No CPU measured: INCONCLUSIVE.
+    rps_part = f"{lost:.1%} of req/s ({cost['rps_info']:,.0f} vs {cost['rps_warning']:,.0f})"
     if extra_cpu is not None:
-        measured = f"{extra_cpu:.1%} of CPU per request; " + measured
-        judged = extra_cpu
+        measured = f"{extra_cpu:.1%} of CPU per request; " + rps_part
+    else:
+        measured = "CPU per request not measured; " + rps_part
     if extra is not None:
-        measured = f"{extra:.1%} of instructions; " + measured
-        judged = extra
+        measured += f"; {extra:.1%} of user-space instructions"
     targets.append(
         report.Target(
-            "the INFO access line's share of the router's work",
+            "the INFO access line's share of the router's CPU per request",
             f"<= {report.TARGET_LOG_COST:.0%}",
             measured,
-            judged <= report.TARGET_LOG_COST,
+            extra_cpu <= report.TARGET_LOG_COST if extra_cpu is not None else None,
         )
     )
     rounds = cost.get("rounds", 1)

@@ -1,4 +1,4 @@
-"""The printed table and the targets (PASS/MISS)."""
+"""The printed table and the targets (PASS, MISS or INCONCLUSIVE)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,14 @@ TARGET_DECISION_US = 5.0  # routing decision at 1000 clouds x 10 services
 TARGET_RSS_MB = 100.0  # a router process's RSS during the 100 MB transfers
 
 
+INCONCLUSIVE = "INCONCLUSIVE"  # a verdict nobody could compute: it fails the run like a MISS
+
+
 def mark(ok: bool | None) -> str:
+    """PASS, MISS, or INCONCLUSIVE when the row could not be computed (nothing run, not
+    sampled, a window emptied): its `measured` says why."""
     if ok is None:
-        return "n/a"
+        return INCONCLUSIVE
     return "PASS" if ok else "MISS"
 
 
@@ -69,3 +74,25 @@ def targets_table(targets: list[Target]) -> str:
         [t.row() for t in targets],
         align="lllr",
     )
+
+
+def overall(targets: list[Target]) -> bool | None:
+    """A run's verdict: MISS (False) if a row missed, else INCONCLUSIVE (None) if a row could
+    not be computed or there is no row at all, else PASS (True)."""
+    if any(t.ok is False for t in targets):
+        return False
+    if not targets or any(t.ok is None for t in targets):
+        return None
+    return True
+
+
+def not_passed(targets: list[Target]) -> list[str]:
+    """One line per row that did not pass, with what it measured (the reason)."""
+    if not targets:
+        return [f"{INCONCLUSIVE}: no verdict computed (nothing ran)"]
+    return [f"{mark(t.ok)}: {t.name}: {t.measured}" for t in targets if t.ok is not True]
+
+
+def exit_status(targets: list[Target]) -> int:
+    """The exit status of a run judged by `targets`: 0 only when every row is PASS."""
+    return 0 if overall(targets) is True else 1

@@ -45,7 +45,7 @@ from bench.procs import (
     free_port,
     interrupt_on_termination,
 )
-from bench.report import fmt, mark
+from bench.report import exit_status, fmt, mark, not_passed
 from bench.run import Bench, scoped_headers
 from bench.soak_traffic import DOWN_CLOUD, MIX, Kind, check, merge, percentile
 from bench.soak_verdict import LogFindings, Record, clock
@@ -533,7 +533,9 @@ def main(argv: list[str] | None = None) -> int:
         data = as_json(soak, rows, context, elapsed)
         Path(args.json).write_text(json.dumps(data, indent=1, default=str) + "\n")
         say(f"time series written to {args.json}")
-    return 1 if any(r.ok is False for r in rows) else 0
+    for line in not_passed(rows):
+        print(line)
+    return exit_status(rows)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """The soak's verdict (``python -m bench.soak``): pure functions of what the run recorded.
 
 :func:`merge_intervals` adds the generators' interval lines up; :func:`verdicts` turns a
-:class:`Record` (intervals, resource samples, log findings, reloads, transfers) into PASS/MISS
-rows; :func:`render` prints the summary. Every threshold is here (and in bench/README.md).
+:class:`Record` (intervals, resource samples, log findings, reloads, transfers) into PASS, MISS
+or INCONCLUSIVE rows (a row nothing measured: it fails the run like a MISS); :func:`render`
+prints the summary. Every threshold is here (and in bench/README.md).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ BASELINE_SHARE = 1 / 12  # the RSS baseline: minute 5 of an hour
 FDS_SLACK = 10  # open files may end this many above the baseline window's median...
 FDS_SLACK_SHARE = 0.10  # ... or this share of it, whichever is more
 LATE_SHARE_MAX = 0.01  # requests the generator sent late
+# A p99 window may leave out at most this share of its intervals (those in which the generator
+# sent a request late) when its p99 with them misses; more, and the row is INCONCLUSIVE.
+LEFT_OUT_SHARE_MAX = 1 / 3
 EXAMPLES = 5
 GENERATOR = "the generator held the rate"
 
@@ -234,12 +238,72 @@ def p99_windows(record: Record, steady: bool = True) -> tuple[float | None, floa
     return percentile(first, 99), percentile(last, 99), left_out
 
 
+def left_out_shares(record: Record) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(intervals the generator was late in, intervals) of the first and of the last window."""
+    span = window(record.duration)
+
+    def count(start: float, end: float) -> tuple[int, int]:
+        chosen = [i for i in record.intervals if start <= i["index"] * record.interval < end]
+        return sum(1 for i in chosen if i["late"]), len(chosen)
+
+    return count(0, span), count(record.duration - span, record.duration)
+
+
+def p99_stable(record: Record) -> Target:
+    """The last window's p99 against the first's. Judged on every request first: a pass
+    there is a pass. When that misses, the intervals in which the generator itself sent a
+    request late are left out (the machine stalled the client too) and the rest judged, but
+    only while each window keeps more than 1 - LEFT_OUT_SHARE_MAX of its intervals: a
+    regression that slows the machine makes the generator late too, and leaving its intervals
+    out must not hide it (that row is INCONCLUSIVE, which fails the run)."""
+    span = _minutes(window(record.duration))
+    goal = f"last {span} <= {P99_RATIO_MAX}x first {span}"
+    raw_first, raw_last, _ = p99_windows(record, steady=False)
+    raw_ratio = raw_last / raw_first if raw_first and raw_last else None
+    with_all = f"{fmt(raw_first)} -> {fmt(raw_last)} ms ({fmt(raw_ratio)}x)"
+    name = "p99 stable"
+    if raw_ratio is None:
+        empty = " and ".join(w for w, p in (("first", raw_first), ("last", raw_last)) if not p)
+        return Target(name, goal, f"{with_all}: no request answered in the {empty} window", None)
+    if raw_ratio <= P99_RATIO_MAX:
+        return Target(name, goal, with_all, True)
+    first_p99, last_p99, left_out = p99_windows(record)
+    (late_first, n_first), (late_last, n_last) = left_out_shares(record)
+    shares = (
+        f"the generator late in {late_first} of {n_first} intervals of the first window, "
+        f"{late_last} of {n_last} of the last"
+    )
+    if not left_out:
+        return Target(name, goal, with_all, False)
+    if (
+        late_first > LEFT_OUT_SHARE_MAX * n_first
+        or late_last > LEFT_OUT_SHARE_MAX * n_last
+        or not first_p99
+        or not last_p99
+    ):
+        return Target(
+            name,
+            goal,
+            f"{with_all} with every request; {shares}: too many to leave out "
+            f"(> {LEFT_OUT_SHARE_MAX:.0%} of a window)",
+            None,
+        )
+    ratio = last_p99 / first_p99
+    return Target(
+        name,
+        goal,
+        f"{fmt(first_p99)} -> {fmt(last_p99)} ms ({fmt(ratio)}x); {left_out} intervals left "
+        f"out, {shares} (with them: {with_all})",
+        ratio <= P99_RATIO_MAX,
+    )
+
+
 def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.3g} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
 def verdicts(record: Record) -> list[Target]:
-    """The soak's assertions, each PASS or MISS (n/a when nothing measured it)."""
+    """The soak's assertions, each PASS, MISS or INCONCLUSIVE (nothing measured it)."""
     got = totals(record)
     problems: Counter[str] = got["problems"]
     due = got["due"]
@@ -250,7 +314,8 @@ def verdicts(record: Record) -> list[Target]:
             "every request answered as it deserves",
             "0 hangs, 0 unanswered, 0 wrong",
             f"{due:,} requests, {got['ok']:,} ok; {problems[HANG]} hangs, "
-            f"{problems[UNANSWERED]} unanswered, {problems[WRONG]} wrong",
+            f"{problems[UNANSWERED]} unanswered, {problems[WRONG]} wrong"
+            + ("" if due else ": no request sent"),
             unanswered == 0 if due else None,
         )
     )
@@ -267,7 +332,8 @@ def verdicts(record: Record) -> list[Target]:
         Target(
             "100 MiB transfers through two routers",
             "every one intact (SHA-256)",
-            f"{intact} of {len(record.transfers)} intact ({record.transfers_planned} planned)",
+            f"{intact} of {len(record.transfers)} intact ({record.transfers_planned} planned)"
+            + ("" if record.transfers_planned else ": none planned"),
             (intact == len(record.transfers) == record.transfers_planned)
             if record.transfers_planned
             else None,
@@ -285,7 +351,9 @@ def verdicts(record: Record) -> list[Target]:
         Target(
             "routers' logs, and their stop",
             "0 tracebacks, 0 ERROR lines; exit 0 on SIGTERM",
-            f"{tracebacks} tracebacks, {errors} ERROR lines; {stopped}",
+            f"{tracebacks} tracebacks, {errors} ERROR lines; {stopped}"
+            if record.logs
+            else "no router log read",
             tracebacks == 0 and errors == 0 and not failed if record.logs else None,
         )
     )
@@ -296,7 +364,7 @@ def verdicts(record: Record) -> list[Target]:
         worst = end / base - 1
         measured = f"worst {worst:+.1%}: {name} {base:.1f} -> {end:.1f} MB"
     else:
-        worst, measured = 0.0, "not sampled"
+        worst, measured = 0.0, "not sampled: no process sampled at the baseline and the end"
     rows.append(
         Target(
             "router RSS growth, each process",
@@ -315,7 +383,7 @@ def verdicts(record: Record) -> list[Target]:
         name, (first, last) = max(fds.items(), key=lambda kv: excess(kv[1]))
         measured = f"most grown: {name} {first:g} -> {last:g} (floors)"
     else:
-        measured = "not sampled"
+        measured = "not sampled: no process sampled in the baseline and the last window"
     rows.append(
         Target(
             "open files, each router process",
@@ -325,24 +393,7 @@ def verdicts(record: Record) -> list[Target]:
             all(excess(v) <= 0 for v in fds.values()) if fds else None,
         )
     )
-    first_p99, last_p99, left_out = p99_windows(record)
-    raw_first, raw_last, _ = p99_windows(record, steady=False)
-    span = _minutes(window(record.duration))
-    ratio = last_p99 / first_p99 if first_p99 and last_p99 else None
-    measured = f"{fmt(first_p99)} -> {fmt(last_p99)} ms ({fmt(ratio)}x)"
-    if left_out:
-        measured += (
-            f"; {left_out} intervals left out, the generator late in them (with them: "
-            f"{fmt(raw_first)} -> {fmt(raw_last)} ms)"
-        )
-    rows.append(
-        Target(
-            "p99 stable",
-            f"last {span} <= {P99_RATIO_MAX}x first {span}",
-            measured,
-            ratio <= P99_RATIO_MAX if ratio is not None else None,
-        )
-    )
+    rows.append(p99_stable(record))
     rows.append(_generator(record, got))
     return rows
 
@@ -378,7 +429,8 @@ def _generator(record: Record, got: Mapping[str, Any]) -> Target:
         GENERATOR,
         f"{record.rate:g} req/s, <= {LATE_SHARE_MAX:.0%} sent > {record.late_ms:g} ms late",
         f"{due / record.duration if record.duration else 0:,.1f} req/s sent; "
-        f"{late_share:.2%} late, the latest {got['late_max_ms']:,.0f} ms",
+        f"{late_share:.2%} late, the latest {got['late_max_ms']:,.0f} ms"
+        + ("" if due else ": no request sent"),
         held if due else None,
     )
 

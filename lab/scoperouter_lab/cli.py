@@ -103,12 +103,6 @@ def register(
         "with a warning)",
     )
     up.add_argument(
-        "--data-path",
-        choices=["mitmproxy", "lean"],
-        help="settings.data_path of the routers' federation config (default: what the lab "
-        "had, else the router's default); the lab's routers restart with it",
-    )
-    up.add_argument(
         "--tls",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -190,7 +184,6 @@ def _up(args: argparse.Namespace) -> int:
         args.clouds,
         services,
         router=args.router,
-        data_path=args.data_path,
         tls=args.tls,
     ).up()
 

@@ -27,7 +27,6 @@ address; the router must refuse it (502, "TLS certificate verification failed").
 
 def federation_config(
     rows_by_cloud: Mapping[CloudSpec, Sequence[Mapping[str, str]]],
-    data_path: str | None = None,
     paths: LabPaths | None = None,
 ) -> dict[str, Any]:
     """The federation config (docs/design.md) from live keystone endpoint lists, by the
@@ -92,8 +91,6 @@ def federation_config(
     settings: dict[str, Any] = {"hop_limit": 8, "connect_timeout": 5.0, "response_timeout": 120.0}
     if paths is not None and any(c.tls for c in rows_by_cloud):
         settings["ca_bundle"] = str(paths.ca_cert)  # the lab's CA: every TLS upstream's
-    if data_path is not None:  # `lab up --data-path`; else the router's default
-        settings["data_path"] = data_path
     return import_catalog(clouds, settings)
 
 

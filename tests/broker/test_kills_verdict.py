@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.kills import DbRun, summary
 from bench.kills_verdict import (
     FINISHERS,
     NO_OPERATION,
@@ -289,3 +290,18 @@ def test_who_finished_a_killed_operation_is_read_from_the_logs() -> None:
     assert finisher(kill, {"replica0": "", "replica1": ""}) == "unknown"
     kill.operation = None  # a request killed, sent again and answered 200: no operation id
     assert finisher(kill, {"replica0": line, "replica1": line}) == NO_OPERATION
+
+
+def test_a_run_without_kills_is_inconclusive_and_fails(world: World) -> None:
+    """No kill planned, none sent, nothing interrupted: the rows that judge the kills cannot
+    be computed; the run exits 1 (it used to PASS "0 of 0 sent")."""
+    world.kills = []
+    world.results = [r for r in world.results if not r.killed]
+    observed = observe(world.store, world.cloud)
+    rows = verdicts(world.platform, world.results, observed, world.kills, 0, world.logs)
+    got = {row.name: row.ok for row in rows}
+    assert got["SIGKILLs delivered"] is None
+    assert got["interrupted operations succeeded"] is None
+    status, lines = summary([DbRun("sqlite", rows=rows)])
+    assert status == 1
+    assert "INCONCLUSIVE: SIGKILLs delivered: 0 of 0 sent: none planned" in "\n".join(lines)

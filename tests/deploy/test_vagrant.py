@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.ci import missing
 from tests.deploy.ansible import PLAYBOOKS, REPO, deploy_tool, run_playbook
 
 pytestmark = pytest.mark.deploy
@@ -43,9 +44,7 @@ puts JSON.generate({"clouds" => CLOUDS, "groups" => federation_groups})
 def _need(tool: str) -> str:
     found = shutil.which(tool)
     if found is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{tool} is missing (apt-get install vagrant)", pytrace=False)
-        pytest.skip(f"{tool} is not installed")
+        missing(f"{tool} is not installed (apt-get install vagrant)")
     return found
 
 

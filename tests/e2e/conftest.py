@@ -30,8 +30,16 @@ from scoperouter_lab.procs import ProcessTable
 
 # the session's throwaway PostgreSQL (tests/broker/pg.py), one for every e2e module that asks
 from tests.broker.conftest import pg_cluster  # noqa: F401  (a fixture)
+from tests.ci import missing
 
 UP_TIMEOUT = 1800  # a cold first run (pip install of OpenStack) takes ~5 minutes
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "tls_lab: needs a lab up with --tls (.ci/run's TLS step; the plain one deselects them)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -139,7 +147,7 @@ def lab() -> Iterator[Lab]:
 def fed(lab: Lab) -> tuple[CloudSpec, CloudSpec, dict[str, str]]:
     """Names, addresses and the seeded `tiny` image id of the first two clouds."""
     if len(lab.clouds) < 2 or not lab.routed:
-        pytest.skip("needs a routed lab of at least two clouds")
+        missing("needs a routed lab of at least two clouds")  # under CI=true: a failure
     one, two = lab.clouds[0], lab.clouds[1]
     tiny = {}
     for cloud in (one, two):

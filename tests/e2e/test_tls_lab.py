@@ -35,18 +35,21 @@ from scoperouter_lab.layout import PROXY_PORT, SERVICE_PORTS, service_types
 
 from scoperouter import pki
 from scoperouter.merge import ORIGIN_KEY
+from tests.ci import missing
 from tests.e2e.access import access_lines
 from tests.e2e.osc import cli
 from tests.integration.backends import EchoBackend
 from tests.integration.routers import raw_exchange
 
-pytestmark = pytest.mark.e2e
+# tls_lab: the plain e2e step of .ci/run deselects them (-m "e2e and not tls_lab"); its TLS
+# step runs them on a lab up with --tls
+pytestmark = [pytest.mark.e2e, pytest.mark.tls_lab]
 
 
 @pytest.fixture(scope="module")
 def tls(lab: Any, fed: Any) -> Any:
     if not lab.state.get("tls"):
-        pytest.skip("needs a TLS lab: scoperouter lab up --tls")
+        missing("needs a TLS lab: scoperouter lab up --tls")  # under CI=true: a failure
     return fed
 
 

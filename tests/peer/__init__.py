@@ -15,6 +15,6 @@ against the lab's CloudOne:
     hook on its auth provider, ``tempest_hook.py``: no test is changed).
 
 It prints the number of tests run in each mode and suite, the differences test by test, and
-exits 1 when a test passes in (a) and fails in (b) or (c). ``python -m tests.peer --help`` from
-the repository's root.
+exits 1 when a test passes in (a) and fails, is skipped or is missing in (b) or (c).
+``python -m tests.peer --help`` from the repository's root.
 """

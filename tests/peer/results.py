@@ -200,8 +200,12 @@ def summarize(results: Results) -> Summary:
 
 @dataclass
 class Comparison:
-    """The modes side by side. ``baseline`` is the direct mode; a *regression* is a test that
-    passes there and does not pass (fails, or is missing) in another mode."""
+    """The modes side by side. ``baseline`` is the direct mode; a *regression* is a test whose
+    outcome in another mode is :func:`worse` than there: it passes direct and fails or errors,
+    is skipped, or is missing; or it is skipped direct and fails, is missing or is skipped for
+    another reason. OpenStack's functional tests skip when a service or feature looks absent,
+    so a router that hid one would turn failures into skips; a skip whose reason is the same in
+    every mode is not a difference."""
 
     modes: tuple[str, ...]
     rows: dict[str, dict[str, Outcome]] = field(default_factory=dict)
@@ -211,24 +215,29 @@ class Comparison:
         return outcome.status if outcome else Status.MISSING
 
     def regressions(self) -> dict[str, list[str]]:
-        """test id -> the modes where it passed in the baseline and failed or went missing."""
+        """test id -> the modes where its outcome is worse than in the baseline."""
         base = self.modes[0]
         out: dict[str, list[str]] = {}
         for tid in sorted(self.rows):
-            if self.status(tid, base) is not Status.PASSED:
+            first = self.rows[tid].get(base)
+            if first is None:
                 continue
-            bad = [
-                m for m in self.modes[1:] if self.status(tid, m) in (Status.FAILED, Status.MISSING)
-            ]
+            bad = [m for m in self.modes[1:] if worse(first, self.rows[tid].get(m))]
             if bad:
                 out[tid] = bad
         return out
 
     def differences(self) -> list[str]:
-        """Every test whose status is not the same in all modes."""
-        return [
-            tid for tid in sorted(self.rows) if len({self.status(tid, m) for m in self.modes}) > 1
-        ]
+        """Every test whose status is not the same in all modes, or that is skipped in every
+        mode for reasons that differ (a skip whose reason is the same everywhere is not a
+        difference)."""
+        return [tid for tid in sorted(self.rows) if self._differs(tid)]
+
+    def _differs(self, tid: str) -> bool:
+        statuses = {self.status(tid, m) for m in self.modes}
+        if statuses == {Status.SKIPPED}:
+            return len({self.rows[tid][m].message for m in self.modes}) > 1
+        return len(statuses) > 1
 
     def failing_everywhere(self) -> list[str]:
         return [
@@ -236,6 +245,19 @@ class Comparison:
             for tid in sorted(self.rows)
             if all(self.status(tid, m) is Status.FAILED for m in self.modes)
         ]
+
+
+def worse(base: Outcome, other: Outcome | None) -> bool:
+    """Whether a mode's outcome of a test (None: missing) is a regression from the direct
+    mode's `base`: a pass that became anything else; a skip that became a failure, went
+    missing, or skipped for another reason."""
+    if base.status is Status.PASSED:
+        return other is None or other.status is not Status.PASSED
+    if base.status is Status.SKIPPED:
+        if other is None or other.status is Status.FAILED:
+            return True
+        return other.status is Status.SKIPPED and other.message != base.message
+    return False
 
 
 def compare(by_mode: Mapping[str, Results], modes: Sequence[str]) -> Comparison:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.ci import need_module
 from tests.peer import cleanup
 from tests.peer.clouds import ConfigMissing, suite_clouds
 from tests.peer.results import Outcome, Status, compare, parse_report_log, summarize
@@ -116,16 +117,54 @@ def test_comparison_finds_regressions_and_differences() -> None:
     out = io.StringIO()
     assert verdict(comp, by_mode, {"direct": 1, "router": 1, "scoped": 1}, out) == 1
     text = out.getvalue()
-    assert "fails in (c) scoped: t.broken" in text and "fails in (b) router: t.lost" in text
+    assert "failed in (c) scoped: t.broken" in text and "missing in (b) router: t.lost" in text
+
+
+def _skip(reason: str) -> Outcome:
+    return Outcome(Status.SKIPPED, reason)
+
+
+def test_a_test_that_passes_direct_and_skips_through_the_router_fails_the_run() -> None:
+    """OpenStack's functional tests skip when a service or feature looks absent: a router that
+    hid one would turn failures into skips. Passed direct, skipped (or errored) in another
+    mode: a regression; skipped everywhere for the same reason: not even a difference."""
+    by_mode = {
+        "direct": {"t.hidden": _o(P), "t.errs": _o(P), "t.lab": _skip("no swift"),
+                   "t.why": _skip("no swift"), "t.skipfail": _skip("no swift")},
+        "router": {"t.hidden": _skip("image service not found"), "t.errs": _o(P),
+                   "t.lab": _skip("no swift"), "t.why": _skip("no swift"),
+                   "t.skipfail": _o(F)},
+        "scoped": {"t.hidden": _o(P), "t.errs": _o(F), "t.lab": _skip("no swift"),
+                   "t.why": _skip("object-store endpoint not found"),
+                   "t.skipfail": _skip("no swift")},
+    }  # fmt: skip
+    comp = compare(by_mode, ["direct", "router", "scoped"])
+    assert comp.regressions() == {
+        "t.errs": ["scoped"],
+        "t.hidden": ["router"],
+        "t.skipfail": ["router"],
+        "t.why": ["scoped"],
+    }
+    assert comp.differences() == ["t.errs", "t.hidden", "t.skipfail", "t.why"]  # not t.lab
+    out = io.StringIO()
+    assert verdict(comp, by_mode, dict.fromkeys(by_mode, 1), out) == 1
+    text = out.getvalue()
+    assert "passes in (a) direct, skipped in (b) router: t.hidden" in text
+    assert "(b) image service not found" in text
+    assert "skipped in (a) direct, skipped in (c) scoped: t.why" in text
+    assert "t.lab" not in text
+    # the same skip in every mode, the rest passing: the run passes
+    same = {m: {"t.ok": _o(P), "t.lab": _skip("no swift")} for m in by_mode}
+    assert verdict(compare(same, list(same)), same, dict.fromkeys(same, 0), io.StringIO()) == 0
 
 
 def test_verdict_refuses_an_empty_or_aborted_mode() -> None:
     by_mode = {"direct": {"t.a": _o(P)}, "router": {"t.a": _o(S)}, "scoped": {"t.a": _o(P)}}
     comp = compare(by_mode, ["direct", "router", "scoped"])
-    assert comp.regressions() == {}  # skipped is not failed ...
+    assert comp.regressions() == {"t.a": ["router"]}  # passed direct, skipped: a regression
     out = io.StringIO()
     assert verdict(comp, by_mode, {"direct": 0, "router": 0, "scoped": 2}, out) == 1
-    assert "(b) router ran no test" in out.getvalue()  # ... but a mode that ran nothing fails
+    assert "(b) router ran no test" in out.getvalue()  # ... and a mode that ran nothing fails
     assert "(c) scoped: pytest exit 2" in out.getvalue()
     good = {m: {"t.a": _o(P)} for m in ("direct", "router", "scoped")}
     assert verdict(compare(good, list(good)), good, dict.fromkeys(good, 0), io.StringIO()) == 0
@@ -318,7 +357,7 @@ def test_cli_lists_the_selection_and_refuses_unknown_modes() -> None:
 def test_jobs_run_test_modules_in_xdist_workers_and_keep_the_report(tmp_path: Path) -> None:
     """--jobs 2: two modules run in two pytest-xdist workers (``--dist loadfile``) and the
     report log still holds every test, as the comparison needs."""
-    pytest.importorskip("xdist")
+    need_module("xdist", "peer")
     from tests.peer.runner import run_pytest
 
     for name in ("a", "b"):
@@ -379,7 +418,7 @@ def _subunit_stream(path: Path, cut: bool = False) -> None:
 
 @pytest.mark.parametrize("cut", [False, True])
 def test_parse_subunit(tmp_path: Path, cut: bool) -> None:
-    pytest.importorskip("subunit")
+    need_module("subunit", "peer")
     from tests.peer.results import parse_subunit
 
     path = tmp_path / "t.subunit"
@@ -456,6 +495,7 @@ def test_tempest_groups_become_include_regexes() -> None:
 def test_interop_list_names_installed_tempest_tests() -> None:
     """Every line of tempest-interop.txt is a test of the installed tempest under that name,
     with the guideline's idempotent id: a renamed upstream test must not vanish silently."""
+    need_module("tempest", "peer")  # not in the README's install: skipped there, run in CI
     import re
 
     from tests.peer.selection import SELECTIONS
@@ -512,7 +552,7 @@ def test_tempest_conf_says_what_the_lab_runs(tmp_path: Path) -> None:
 
 def test_tempest_conf_reads_back_through_oslo_config(tmp_path: Path) -> None:
     """tempest itself reads the file: the values it sees are the lab's (the password's $)."""
-    pytest.importorskip("tempest")
+    need_module("tempest", "peer")
     import subprocess
     import sys
 
@@ -564,7 +604,7 @@ def test_hook_moves_endpoints_and_scopes_tokens(monkeypatch: pytest.MonkeyPatch)
     """The hook patched into tempest.lib.auth: a request built by tempest's auth provider goes
     to the backend (direct) and carries the completed scope on its token (scoped), with the
     alternate credentials of negative tests too. The patch is undone after the test."""
-    pytest.importorskip("tempest")
+    need_module("tempest", "peer")
     import datetime
 
     from tempest.lib import auth
@@ -620,7 +660,7 @@ def test_hook_moves_endpoints_and_scopes_tokens(monkeypatch: pytest.MonkeyPatch)
 def test_sitecustomize_installs_the_hook_in_tempest_processes(tmp_path: Path) -> None:
     """The mode's environment alone (PYTHONPATH, $SCOPEROUTER_PEER_TEMPEST) patches any Python
     process that imports tempest, as stestr's workers do."""
-    pytest.importorskip("tempest")
+    need_module("tempest", "peer")
     import subprocess
     import sys
 
@@ -648,7 +688,7 @@ def test_sitecustomize_installs_the_hook_in_tempest_processes(tmp_path: Path) ->
 def test_stestr_runs_classes_in_workers_and_keeps_the_stream(tmp_path: Path) -> None:
     """run_stestr as the runner uses it (--concurrency 2, an include list, the subunit stream
     parsed live and kept): every test's outcome, a failure's message, attributes stripped."""
-    pytest.importorskip("stestr")
+    need_module("stestr", "peer")
     from tests.peer.tempest_suite import run_stestr
 
     pkg = tmp_path / "fake_tests"
@@ -725,7 +765,7 @@ def test_groups_run_only_with_their_service() -> None:
 def test_hook_lets_the_network_stand_ins_refusal_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tempest's dynamic credentials delete each project's default security group; the lab's
     network stand-in refuses (403 naming itself): that refusal passes, any other error not."""
-    pytest.importorskip("tempest")
+    need_module("tempest", "peer")
     from tempest.lib import exceptions as lib_exc
     from tempest.lib.common import cred_provider
 

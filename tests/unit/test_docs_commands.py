@@ -1,9 +1,11 @@
 """The commands the documentation shows are commands that work.
 
-Every ``scoperouter ...`` line of a code block in the README and the manual (``docs/``) is
-parsed by the real parser (a command, option or argument that does not exist fails); every
-``--option`` of an inline ``scoperouter ...`` in their prose is an option of that command;
-every ``python -m bench...`` / ``python -m tests.peer`` option is in that module's ``--help``;
+Every ``scoperouter ...`` line of a code block in the README, bench/README.md and the manual
+(``docs/``) is parsed by the real parser (a command, option or argument that does not exist
+fails); every ``--option`` of an inline ``scoperouter ...`` in their prose is an option of that
+command; every ``python -m bench...`` / ``python -m tests...`` of a code block is parsed by that
+module's own parser (the module run up to its argument parsing, which then stops it), and each
+``--option`` and sub-command of an inline one in prose is that parser's;
 every ``--help`` of the router's commands ends with an example, which parses too; and the
 ``scoperouter route`` examples marked ``<!-- docs-test: route -->`` (the sample config) or
 ``<!-- docs-test: lab-route -->`` (the lab's federation config, generated here as ``lab up``
@@ -18,12 +20,13 @@ import argparse
 import contextlib
 import importlib
 import io
+import json
+import os
 import re
 import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
-from functools import cache
 from pathlib import Path
 
 import pytest
@@ -31,18 +34,11 @@ import pytest
 from scoperouter.cli import COMMANDS, build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+MANUAL = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+PAGES = [*MANUAL, ROOT / "bench" / "README.md"]  # the commands: bench/README.md's too
 LAB_FEDERATION = "~/.local/share/scoperouter/lab/federation.yaml"
 OWN = ("serve", "route", "check-config", "import-catalog", "pki")  # the router's, not lab/broker
-MODULES = (
-    "bench",
-    "bench.ab",
-    "bench.wan",
-    "bench.broker",
-    "bench.broker_provision",
-    "bench.floor",
-    "tests.peer",
-)
+MODULES = ("bench", "tests.")  # `python -m` modules of this repository (not pytest's)
 
 
 def _name(page: Path) -> str:
@@ -193,33 +189,194 @@ def test_every_option_of_an_inline_scoperouter_command_exists() -> None:
 # --------------------------------------------------------------- the modules run with -m
 
 
-@cache
-def module_help(module: str) -> str:
+# Run in a child: each module runs as `python -m` runs it until it builds its parser and asks it
+# to parse; that call raises instead (nothing of the bench starts), and the argv the page shows
+# is parsed by that parser here (full: code blocks), or its options listed (inline: prose).
+PARSE_ONLY = r"""
+import argparse, contextlib, io, json, runpy, sys
+
+class Caught(BaseException):
+    def __init__(self, parser):
+        self.parser = parser
+
+def caught(self, *args, **kwargs):
+    raise Caught(self)
+
+full, known = argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args
+argparse.ArgumentParser.parse_args = caught
+argparse.ArgumentParser.parse_known_args = caught
+
+def options(parser):
+    found = set()
+    for action in parser._actions:
+        found.update(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                found.add(name)
+                found |= options(child)
+    return found
+
+out = []
+for module, argv, mode in json.load(sys.stdin):
+    sys.argv = [module, *argv]
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        out.append("ran without parsing its arguments")
+        continue
+    except Caught as got:
+        parser = got.parser
+    argparse.ArgumentParser.parse_known_args = known
+    if mode == "inline":
+        out.append(sorted(options(parser)))
+    else:
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                full(parser, argv)
+            out.append(None)
+        except SystemExit as exc:
+            said = err.getvalue().strip().splitlines() or ["?"]
+            out.append(None if exc.code == 0 else said[-1])
+    argparse.ArgumentParser.parse_known_args = caught
+print(json.dumps(out))
+"""
+
+PLACEHOLDER = re.compile(r"[A-Z][A-Z_]*|<[^>]*>")
+INLINE_MODULE = re.compile(r"`(?:\.venv/bin/)?python3? (?:-O )?-m ((?:bench|tests)[^`]*)`")
+
+
+def module_commands() -> list[tuple[str, str, list[str], str]]:
+    """(page, module, argv, "code" or "inline") of every `python -m` of this repository's
+    modules the pages show: in code blocks and in prose."""
+    found = []
+    for page in PAGES:
+        text = page.read_text()
+        for line in code_lines(text):
+            for argv in commands(line, "python"):  # and .venv/bin/python
+                words = [w for w in argv if w != "-O"]
+                if words[:1] == ["-m"] and len(words) > 1 and words[1].startswith(MODULES):
+                    # a placeholder (`--seed S`): its options are checked, as in prose
+                    mode = "inline" if any(PLACEHOLDER.fullmatch(w) for w in words) else "code"
+                    found.append((_name(page), words[1], words[2:], mode))
+        for inline in INLINE_MODULE.findall(text):
+            words = inline.split()
+            found.append((_name(page), words[0], words[1:], "inline"))
+    return found
+
+
+def parse_modules(calls: list[tuple[str, list[str], str]]) -> list[str | list[str] | None]:
     done = subprocess.run(
-        [sys.executable, "-m", module, "--help"],
+        [sys.executable, "-c", PARSE_ONLY],
+        input=json.dumps(calls),
         capture_output=True,
         text=True,
         cwd=ROOT,
-        timeout=120,
+        timeout=300,
         check=False,
     )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    assert done.returncode == 0, done.stderr[-2000:]
+    results: list[str | list[str] | None] = json.loads(done.stdout.splitlines()[-1])
+    return results
 
 
-def test_every_option_of_a_documented_bench_or_peer_command_exists() -> None:
+def test_every_documented_bench_or_tests_command_parses() -> None:
+    found = module_commands()
+    calls = [(module, argv, mode) for _, module, argv, mode in found]
     wrong = []
-    seen = set()
-    for page, argv in documented("python"):  # and .venv/bin/python
-        words = [w for w in argv if w != "-O"]
-        if words[:1] != ["-m"] or len(words) < 2 or words[1] not in MODULES:
-            continue
-        seen.add(words[1])
-        for word in words[2:]:
-            option = word.split("=", 1)[0]
-            if option.startswith("--") and option not in module_help(words[1]):
-                wrong.append(f"{page}: python -m {shlex.join(words[1:])}: no option {option}")
-    assert {"bench", "bench.wan", "tests.peer"} <= seen
+    for (page, module, argv, _), result in zip(found, parse_modules(calls), strict=True):
+        shown = f"{page}: python -m {shlex.join([module, *argv])}"
+        if isinstance(result, str):
+            wrong.append(f"{shown}: {result}")
+        elif isinstance(result, list):  # inline: its options and sub-commands exist
+            for word in argv:
+                if word.startswith(("[", "<")) or word == "...":
+                    break
+                name = word.split("=", 1)[0]
+                first_command = word == argv[0] and not re.match(r"-|[A-Z_]+$|<", name)
+                if (name.startswith("--") or first_command) and name not in result:
+                    wrong.append(f"{shown}: no option or command {name}")
+    assert {"bench", "bench.wan", "bench.soak", "tests.peer", "tests.fuzz"} <= {
+        module for _, module, _, _ in found
+    }
+    assert {mode for *_, mode in found} == {"code", "inline"}
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_module_parser_check_finds_what_does_not_parse() -> None:
+    """The check above can fail: a removed option, a bad value, a module that never parses."""
+    results = parse_modules(
+        [
+            ("bench.wan", ["--data-path", "lean"], "code"),
+            ("bench.kills", ["--kills", "ten"], "code"),
+            ("bench.soak", ["--smoke"], "code"),
+            ("bench.wan", [], "inline"),
+        ]
+    )
+    assert isinstance(results[0], str) and results[0].startswith("python -m bench.wan: error:")
+    assert isinstance(results[1], str) and "invalid int value: 'ten'" in results[1]
+    assert results[2] is None
+    assert isinstance(results[3], list) and "--between" in results[3] and "load" in results[3]
+
+
+def test_ci_runs_the_readmes_install_and_test_commands_as_written() -> None:
+    """.ci/run's first command is the README's quick-start install, verbatim, and it runs the
+    README's test command verbatim: CI green means a new user's first run is green too."""
+    readme = [line.strip() for line in code_lines((ROOT / "README.md").read_text())]
+    install = [line for line in readme if line.startswith("python3 -m venv")]
+    assert install == ["python3 -m venv .venv && .venv/bin/pip install -e '.[test]' -e ./lab"]
+    assert ".venv/bin/python -m pytest" in readme
+    script = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    commands = [line for line in script if line and not line.startswith("#")]
+    first_pip = next(i for i, line in enumerate(commands) if "pip install" in line)
+    assert commands[first_pip] == install[0]
+    assert ".venv/bin/python -m pytest" in commands
+
+
+# The `openstack` commands the pages show: each is a command of the `openstack` of the venv the
+# quick start makes (python-openstackclient with the plugins the client extra brings: heat's
+# `orchestration`, placement's `resource provider`), checked with `--help` (no cloud needed).
+INLINE_OPENSTACK = re.compile(r"`(?:\.venv/bin/)?openstack ([^`]+)`")
+STOP = re.compile(r"^-|[$<>|.┊]|^[A-Z_]+$")  # an option, a placeholder, a value
+
+
+def openstack_commands() -> dict[tuple[str, ...], str]:
+    """The command words (and positional values) of every `openstack ...` of the pages ->
+    the first page that shows it; the global --os-* options and their values left out."""
+    found: dict[tuple[str, ...], str] = {}
+    for page in PAGES:
+        text = page.read_text()
+        argvs = [argv for line in code_lines(text) for argv in commands(line, "openstack")]
+        argvs += [shlex.split(inline) for inline in INLINE_OPENSTACK.findall(text)]
+        for argv in argvs:
+            while len(argv) > 1 and argv[0].startswith("--os-"):
+                argv = argv[2:]
+            words = []
+            for word in argv:
+                if STOP.search(word):
+                    break
+                words.append(word)
+            if words:
+                found.setdefault(tuple(words), _name(page))
+    return found
+
+
+def test_every_openstack_command_of_the_pages_is_in_the_venvs_cli() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OS_")}
+    done = subprocess.run(  # every command of the CLI and its plugins; no cloud needed
+        [str(Path(sys.executable).parent / "openstack"), "command", "list", "-f", "json"],
+        capture_output=True, text=True, timeout=300, env=env, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    known = {tuple(c.split()) for group in json.loads(done.stdout) for c in group["Commands"]}
+    found = openstack_commands()
+    assert ("orchestration", "template", "validate") in found  # heat's plugin
+    assert ("resource", "provider", "list") in found  # placement's
+    assert ("image", "list") in found and len(found) > 8
+    wrong = [
+        f"{page}: openstack {' '.join(words)}: not a command of {sys.executable}'s openstack"
+        for words, page in sorted(found.items())
+        if not any(words[: len(command)] == command for command in known)
+    ]
     assert not wrong, "\n".join(wrong)
 
 
@@ -368,10 +525,11 @@ def _resolves(dotted: str) -> bool:
 
 
 def test_every_file_and_module_the_pages_name_exists() -> None:
-    """The manual, the README and the design (not the changelog: history names what was)."""
+    """The manual, the README and the design (not the changelog: history names what was; nor
+    bench/README.md, which names other projects' files)."""
     wrong = []
     named = 0
-    for page in PAGES:
+    for page in MANUAL:
         text = page.read_text()
         for path in PATH.findall(text):
             path = re.sub(r"[:#].*$", "", path.rstrip(".,;)"))
