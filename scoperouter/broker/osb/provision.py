@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from scoperouter.broker import models
+from scoperouter.broker.logs import excerpt
 from scoperouter.broker.osb.common import (
     Endpoints,
     OSBError,
@@ -108,16 +109,16 @@ def _repeat(
     if instance.state == GONE:
         raise OSBError(
             409,
-            f"instance {instance.id} existed and was deprovisioned: use a new id "
+            f"instance {excerpt(instance.id)} existed and was deprovisioned: use a new id "
             "(or forget the old one with `scoperouter broker purge`)",
         )
     if instance.request_hash != digest:
-        raise OSBError(409, f"instance {instance.id} exists with different attributes")
+        raise OSBError(409, f"instance {excerpt(instance.id)} exists with different attributes")
     if instance.state in (PROVISIONED, UPDATING):
         return Reply(200, models.ProvisionResponse(metadata=instance_metadata(instance)))
     if instance.state == DEPROVISIONING:
-        raise concurrency(f"instance {instance.id} is being deprovisioned")
+        raise concurrency(f"instance {excerpt(instance.id)} is being deprovisioned")
     if not accepts_incomplete:
-        raise async_required(f"provisioning {instance.id}")
+        raise async_required(f"provisioning {excerpt(instance.id)}")
     first = [op for op in ep.store.operations(session, instance.id) if op.kind == "provision"]
     return accepted(first[0].id if first else None)
