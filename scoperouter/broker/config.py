@@ -95,6 +95,19 @@ class IdentityConfig(_Strict):
     # the roles a binding's application credential carries (least privilege)
     binding_roles: tuple[str, ...] = ("member",)
     users: tuple[UserMapping, ...] = ()
+    # the tenant of a platform other than cloudfoundry and kubernetes: the context keys that
+    # name it (e.g. {"sapcp": ["subaccount_id"]}); a request from an unmapped platform is 400
+    platforms: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+
+    @field_validator("platforms")
+    @classmethod
+    def _platforms(cls, value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        for name, keys in value.items():
+            if not name or name in ("cloudfoundry", "kubernetes"):
+                raise ValueError(f"{name!r}: cloudfoundry and kubernetes are built in")
+            if not keys or not all(keys):
+                raise ValueError(f"{name}: expected a list of context keys naming the tenant")
+        return value
 
 
 class WorkerConfig(_Strict):

@@ -285,6 +285,8 @@ def test_errors_quote_a_client_value_as_a_short_excerpt(broker: BrokerProcess) -
         ("PUT", put, {**valid, "service_id": LONG}, 400),
         ("PUT", put, {**valid, "plan_id": LONG}, 400),
         ("PUT", put, {**valid, "maintenance_info": {"version": LONG}}, 422),
+        ("PUT", put, {**valid, "context": {"platform": LONG}}, 400),
+        ("PUT", put, {**valid, "context": {**cf, "space_guid": LONG}}, 400),
         ("GET", poll.format("echo-1") + f"?operation={LONG}", None, 404),
         ("GET", poll.format(LONG), None, 404),
         ("GET", poll.format(f"echo-1/service_bindings/{LONG}"), None, 404),

@@ -15,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from scoperouter.broker import models
+from scoperouter.broker.identity import TenancyError
 from scoperouter.broker.logs import excerpt
 from scoperouter.broker.runtime import Broker, PlanRef
 from scoperouter.broker.services.base import Done, Failed, InstanceView, InvalidParameters
@@ -118,6 +119,14 @@ class RequestFacts:
 def check_id(what: str, value: str) -> None:
     if not ID_PATTERN.match(value):
         raise bad_request(f"{what}: expected {MAX_ID_HINT}")
+
+
+TENANT_HINT = " (the tenant: the instance goes in the project of its platform space)"
+
+
+def no_tenant(exc: TenancyError) -> OSBError:
+    """400 for a request whose context names no tenant (identity.space_of), naming the key."""
+    return bad_request(f"{exc.field}: {exc.message}{TENANT_HINT}")
 
 
 def invalid(exc: InvalidParameters) -> OSBError:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from scoperouter.broker import models
+from scoperouter.broker.identity import TenancyError, space_of
 from scoperouter.broker.logs import excerpt
 from scoperouter.broker.osb.common import (
     EMPTY,
@@ -21,6 +22,7 @@ from scoperouter.broker.osb.common import (
     check_references,
     concurrency,
     maintenance_conflict,
+    no_tenant,
     validate,
 )
 from scoperouter.broker.runtime import PlanRef
@@ -53,6 +55,8 @@ def update(
                 f"plan {current.plan.name} cannot be changed to {ref.plan.name}",
                 update_repeatable=False,
             )
+        if body.context is not None and ref.entry.allow_context_updates:
+            same_tenant(ep, instance.context, body.context)
         if body.parameters is not None:
             updatable(ref, instance.parameters, body.parameters)
         maintenance_conflict(ref, body.maintenance_info)
@@ -108,6 +112,25 @@ def update(
         reply = accepted(op.id)
     ep.wake()
     return reply
+
+
+def same_tenant(ep: Endpoints, kept: Mapping[str, Any] | None, given: Mapping[str, Any]) -> None:
+    """A context update must name a tenant, the instance's own: 400 otherwise. (The broker
+    does not move an instance's resources to another project; and a context naming none
+    would leave the instance without one.)"""
+    try:
+        space = space_of(given, platforms=ep.broker.config.identity.platforms)
+    except TenancyError as exc:
+        raise no_tenant(exc) from None
+    try:
+        current = space_of(kept, platforms=ep.broker.config.identity.platforms)
+    except TenancyError:  # kept from before tenants were required: any tenant will do
+        return
+    if space.tag != current.tag:
+        raise bad_request(
+            "context: names another tenant than the instance's; the broker does not move "
+            "instances between platform spaces"
+        )
 
 
 def updatable(ref: PlanRef, current: Mapping[str, Any], given: Mapping[str, Any]) -> None:
