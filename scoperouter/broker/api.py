@@ -215,8 +215,8 @@ class BrokerMiddleware:
         started = time.perf_counter()
         status_holder = [0]
         declared = _content_length(headers)
-        # whether the body is read whole (None: no body); a request answered before that is
-        # answered with `Connection: close`: uvicorn would otherwise read (and drop) the rest
+        # whether the body was read whole (true at once without a body); a request answered
+        # before that gets `Connection: close`: uvicorn would otherwise read (and drop) the rest
         body_done = declared == 0 and b"transfer-encoding" not in headers
         received = 0
         over = False  # the body went over the limit: whatever the app answers becomes 413
