@@ -11,9 +11,16 @@ database only. The one exception is a *synchronous* bind or unbind (a request wi
 to the service's ``synchronous_seconds``.
 
 Cross-cutting concerns live in one ASGI middleware (cheap enough for 1,000 polls/s): basic auth
-(401), ``X-Broker-API-Version`` (412), ``X-Broker-API-Request-Identity`` echoed on every
-response and put on every log line of the request, one access-log line per request. The two
-routes platforms poll (the catalog, ``last_operation``) are answered by the middleware itself.
+(401), ``X-Broker-API-Version`` (412), the body limit (413), ``X-Broker-API-Request-Identity``
+echoed on every response and put on every log line of the request, one access-log line per
+request. The two routes platforms poll (the catalog, ``last_operation``) are answered by the
+middleware itself.
+
+Bodies: nothing reads a request's body before its credentials and version are checked (uvicorn
+holds at most 64 KiB of it meanwhile); a declared ``Content-Length`` over ``max_body_bytes`` is
+413 at once, and a chunked body is counted as it is read and refused at the first byte over.
+A request answered without its body read whole (a refusal, a poll that carried a body) is
+answered with ``Connection: close``, so the broker does not go on reading what it will not use.
 """
 
 from __future__ import annotations
@@ -38,7 +45,8 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from scoperouter.broker import logs, models
-from scoperouter.broker.config import parse_api_version
+from scoperouter.broker.config import DEFAULT_MAX_BODY_BYTES, parse_api_version
+from scoperouter.broker.logs import excerpt
 from scoperouter.broker.osb import (
     bind,
     binding,
@@ -148,6 +156,15 @@ class Health:
 POLL_PATH = re.compile(
     r"^/v2/service_instances/([^/]+)(?:/service_bindings/([^/]+))?/last_operation$"
 )
+PATH_SHOWN = 256  # characters of a request's path on its access-log line
+
+
+class _BodyTooLarge(Exception):
+    """Raised into the app by the counting `receive`: the body went over the limit."""
+
+
+def _shown_path(path: str) -> str:
+    return path if len(path) <= PATH_SHOWN and path.isprintable() else excerpt(path, PATH_SHOWN)
 
 
 class BrokerMiddleware:
@@ -165,10 +182,20 @@ class BrokerMiddleware:
         min_version: str,
         poll: Callable[[str, bytes], Answer | None] | None = None,
         health: Health | None = None,
+        max_body: int = DEFAULT_MAX_BODY_BYTES,
     ) -> None:
         self.app = app
         self._poll = poll
         self._health = health
+        self._max_body = max_body
+        self._too_large = Answer.of(
+            413,
+            models.ErrorBody(
+                error="ContentTooLarge",
+                description=f"the request body is larger than {max_body} bytes (the broker's "
+                "max_body_bytes); OSB request bodies are small: send less",
+            ).body(),
+        )
         expected = base64.b64encode(f"{username}:{password}".encode()).decode()
         self._auth = f"Basic {expected}".encode()
         self._min = parse_api_version(min_version)
@@ -187,16 +214,56 @@ class BrokerMiddleware:
         request_id = headers.get(REQUEST_ID_HEADER.encode(), b"").decode("latin-1")[:255]
         started = time.perf_counter()
         status_holder = [0]
+        declared = _content_length(headers)
+        # whether the body was read whole (true at once without a body); a request answered
+        # before that gets `Connection: close`: uvicorn would otherwise read (and drop) the rest
+        body_done = declared == 0 and b"transfer-encoding" not in headers
+        received = 0
+        over = False  # the body went over the limit: whatever the app answers becomes 413
+        answered = False  # the 413 of an over-long body was sent
 
         async def send_with_identity(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 status_holder[0] = message["status"]
+                extra = []
                 if request_id:
-                    message["headers"] = [
-                        *message.get("headers", []),
-                        (b"x-broker-api-request-identity", request_id.encode("latin-1")),
-                    ]
+                    extra.append((b"x-broker-api-request-identity", request_id.encode("latin-1")))
+                if not body_done:
+                    extra.append((b"connection", b"close"))
+                if extra:
+                    message["headers"] = [*message.get("headers", []), *extra]
             await send(message)
+
+        async def counted() -> MutableMapping[str, Any]:
+            nonlocal received, body_done, over
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self._max_body:
+                    over = True
+                    raise _BodyTooLarge
+                if not message.get("more_body", False):
+                    body_done = True
+            return message
+
+        async def too_large(what: str) -> None:
+            nonlocal answered
+            answered = True
+            log.warning(
+                "%s %s: %s, over the limit of %d bytes (max_body_bytes): 413",
+                scope["method"],
+                _shown_path(scope["path"]),
+                what,
+                self._max_body,
+            )
+            await self._too_large(scope, receive, send_with_identity)
+
+        async def app_send(message: MutableMapping[str, Any]) -> None:
+            if over:  # the app's own answer to the cut body (FastAPI: a 400) is not sent
+                if not answered:
+                    await too_large(f"a body of more than {self._max_body} bytes")
+                return
+            await send_with_identity(message)
 
         with logs.identity(request_id or None):
             try:
@@ -209,14 +276,20 @@ class BrokerMiddleware:
                         answer = self._poll(scope["path"], scope.get("query_string", b""))
                 if answer is not None:
                     await answer(scope, receive, send_with_identity)
+                elif declared is not None and declared > self._max_body:
+                    await too_large(f"a declared body of {declared} bytes")
                 else:
-                    await self.app(scope, receive, send_with_identity)
+                    try:
+                        await self.app(scope, counted, app_send)
+                    except _BodyTooLarge:
+                        if not answered:
+                            await too_large(f"a body of more than {self._max_body} bytes")
             finally:
                 if access_log.isEnabledFor(logging.INFO):
                     access_log.info(
                         "%s %s %s %.1fms",
                         scope["method"],
-                        scope["path"],
+                        _shown_path(scope["path"]),
                         status_holder[0],
                         (time.perf_counter() - started) * 1000,
                     )
@@ -242,7 +315,7 @@ class BrokerMiddleware:
         except ValueError:
             major, minor = (0, 0)
         if major != 2 or (major, minor) < self._min:
-            text = version.decode("latin-1")[:40]
+            text = excerpt(version.decode("latin-1"), 40)
             return Answer.of(
                 412,
                 {
@@ -252,6 +325,18 @@ class BrokerMiddleware:
             )
         if len(self._versions_ok) < 16:  # the few spellings platforms send, parsed once
             self._versions_ok.add(version)
+        return None
+
+
+def _content_length(headers: Mapping[bytes, bytes]) -> int | None:
+    """The declared body length; None when there is none (a chunked body, or no body: then
+    0 unless ``Transfer-Encoding`` is set). uvicorn refuses a malformed one before the app."""
+    value = headers.get(b"content-length")
+    if value is None:
+        return None if b"transfer-encoding" in headers else 0
+    try:
+        return int(value)
+    except ValueError:
         return None
 
 
@@ -495,18 +580,19 @@ def create_app(broker: Broker, *, worker: Worker | None = None, password: str) -
         min_version=broker.config.min_api_version,
         poll=polling,
         health=Health(broker.store.ping),
+        max_body=broker.config.max_body_bytes,
     )
 
 
 def _validation_body(errors: Any) -> dict[str, Any]:
     """FastAPI's validation errors as one OSB 400 naming the first bad field."""
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-    loc = [str(p) for p in first.get("loc", ())]
+    loc = [excerpt(p) for p in first.get("loc", ())]  # a key may be the client's
     if first.get("type") == "json_invalid":
         text = "request body: not valid JSON"
     elif loc[:1] == ["body"] and len(loc) == 1:
         text = "request body: expected a JSON object"
     else:
         field = ".".join(loc[1:]) if loc and loc[0] in ("body", "query", "path") else ".".join(loc)
-        text = f"{field}: {first.get('msg', 'invalid')}"
+        text = f"{excerpt(field, 128)}: {excerpt(first.get('msg', 'invalid'), 200)}"
     return models.ErrorBody(error="BadRequest", description=text).body()

@@ -26,6 +26,9 @@ PASSWORD_ENV = "SCOPEROUTER_BROKER_PASSWORD"
 SECRET_KEYS_ENV = "SCOPEROUTER_BROKER_SECRET_KEYS"
 DATABASE_ENV = "SCOPEROUTER_BROKER_DATABASE_URL"
 DEFAULT_LISTEN = "127.0.0.1:8090"
+# OSB bodies are small (parameters, a context): 1 MiB is 16 times the largest parameter schema
+# the spec allows; Kubernetes caps a whole object (its parameters included) at 1.5 MiB
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
 OperationName = Literal["provision", "update", "deprovision", "bind", "unbind"]
 
@@ -92,6 +95,19 @@ class IdentityConfig(_Strict):
     # the roles a binding's application credential carries (least privilege)
     binding_roles: tuple[str, ...] = ("member",)
     users: tuple[UserMapping, ...] = ()
+    # the tenant of a platform other than cloudfoundry and kubernetes: the context keys that
+    # name it (e.g. {"sapcp": ["subaccount_id"]}); a request from an unmapped platform is 400
+    platforms: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+
+    @field_validator("platforms")
+    @classmethod
+    def _platforms(cls, value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        for name, keys in value.items():
+            if not name or name in ("cloudfoundry", "kubernetes"):
+                raise ValueError(f"{name!r}: cloudfoundry and kubernetes are built in")
+            if not keys or not all(keys):
+                raise ValueError(f"{name}: expected a list of context keys naming the tenant")
+        return value
 
 
 class WorkerConfig(_Strict):
@@ -154,6 +170,8 @@ class BrokerConfig(_Strict):
     services: dict[str, ServiceConfig] = Field(default_factory=dict)
     # API versions accepted in X-Broker-API-Version (MAJOR.MINOR, minimum)
     min_api_version: str = "2.13"
+    # the largest request body the API reads (bytes); a larger one is 413 before more is read
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=4096, le=64 * 1024 * 1024)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     # where the file was; relative paths in it are relative to its folder

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from scoperouter.broker.config import IdentityConfig, UserMapping
+from scoperouter.broker.logs import excerpt
 
 if TYPE_CHECKING:
     from openstack.connection import Connection
@@ -92,30 +93,101 @@ _SPACE_KEYS: Mapping[str, tuple[str, ...]] = {
     "cloudfoundry": ("organization_guid", "space_guid"),
     "kubernetes": ("clusterid", "namespace"),
 }
+BUILTIN_PLATFORMS = tuple(_SPACE_KEYS)
+MAX_TENANT_VALUE = 255  # characters of one value naming a tenant (a GUID, a namespace)
+
+
+class TenancyError(ValueError):
+    """A request whose context names no tenant: `field` is what is missing (``context``,
+    ``context.namespace``, ...), so the API can answer 400 naming it."""
+
+    def __init__(self, field_path: str, message: str) -> None:
+        super().__init__(f"{field_path}: {message}")
+        self.field = field_path
+        self.message = message
+
+
+def _value(context: Mapping[str, Any], key: str, where: str = "context.") -> str | None:
+    """A value that names a tenant: a non-empty string (a number is taken as its text), at
+    most MAX_TENANT_VALUE characters; else None (TenancyError when too long)."""
+    value = context.get(key)
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return None
+    text = str(value)
+    if len(text) > MAX_TENANT_VALUE:
+        raise TenancyError(f"{where}{key}", f"longer than {MAX_TENANT_VALUE} characters")
+    return text or None
 
 
 def space_of(
     context: Mapping[str, Any] | None,
     organization_guid: str | None = None,
     space_guid: str | None = None,
+    platforms: Mapping[str, Sequence[str]] | None = None,
 ) -> Space:
-    """The space of a request: from `context` (OSB profile: Cloud Foundry org/space GUIDs,
-    Kubernetes cluster id + namespace; other platforms: their ``instance_name``-free context
-    keys), else the deprecated top-level organization/space GUIDs; else one shared space."""
+    """The tenant of a request: from `context` (OSB profile: Cloud Foundry org/space GUIDs,
+    Kubernetes namespace and, when given, cluster id; another platform: the context keys
+    `platforms` (the config's ``identity.platforms``) names for it), else the deprecated
+    top-level organization/space GUIDs of Cloud Foundry. There is no shared default: a
+    request that names no tenant raises TenancyError (it would otherwise share one project
+    with every other such request)."""
     context = dict(context or {})
     if "clusterId" in context and "clusterid" not in context:  # Crossplane provider-osb's
         context["clusterid"] = context["clusterId"]
-    platform = str(context.get("platform") or ("cloudfoundry" if space_guid else "unknown"))
-    keys = _SPACE_KEYS.get(platform)
-    if keys is not None and all(context.get(k) for k in keys):
-        return Space(platform, tuple((k, str(context[k])) for k in keys))
-    if platform == "cloudfoundry" and organization_guid and space_guid:
-        return Space(
-            platform, (("organization_guid", organization_guid), ("space_guid", space_guid))
+    top = {"organization_guid": organization_guid, "space_guid": space_guid}
+    given = context.get("platform")
+    if given is not None and not isinstance(given, str):
+        raise TenancyError("context.platform", "expected a string")
+    platform = given or ("cloudfoundry" if organization_guid or space_guid else "")
+    if not platform:
+        raise TenancyError(
+            "context.platform",
+            "required: the context names the platform and the tenant (Cloud Foundry: "
+            "organization_guid and space_guid; Kubernetes: namespace)",
         )
-    if platform == "kubernetes" and context.get("namespace"):
-        return Space(platform, (("namespace", str(context["namespace"])),))
-    return Space(platform, (("space", "default"),))
+    if platform == "cloudfoundry":
+        org = _value(context, "organization_guid") or _value(top, "organization_guid", "")
+        space = _value(context, "space_guid") or _value(top, "space_guid", "")
+        for key, found in (("organization_guid", org), ("space_guid", space)):
+            if not found:
+                raise TenancyError(f"context.{key}", "required for platform cloudfoundry")
+        return Space(platform, (("organization_guid", str(org)), ("space_guid", str(space))))
+    if platform == "kubernetes":
+        namespace = _value(context, "namespace")
+        if not namespace:
+            raise TenancyError("context.namespace", "required for platform kubernetes")
+        cluster = _value(context, "clusterid")
+        if cluster:
+            return Space(platform, (("clusterid", cluster), ("namespace", namespace)))
+        return Space(platform, (("namespace", namespace),))
+    keys = (platforms or {}).get(platform)
+    if not keys:
+        known = sorted({*BUILTIN_PLATFORMS, *(platforms or {})})
+        raise TenancyError(
+            "context.platform",
+            f"the broker maps no tenant for platform {excerpt(platform)!r} (it knows: "
+            f"{', '.join(known)}; an operator adds one in identity.platforms)",
+        )
+    parts = []
+    for key in keys:
+        found = _value(context, key)
+        if not found:
+            raise TenancyError(f"context.{key}", f"required for platform {excerpt(platform)}")
+        parts.append((key, found))
+    return Space(platform, tuple(parts))
+
+
+def tenant_context(context: Mapping[str, Any] | None, space: Space) -> dict[str, Any]:
+    """The context an instance keeps: the request's, completed with what named its tenant
+    when that came from outside it (Cloud Foundry's deprecated top-level GUIDs), so that
+    :func:`space_of` of the kept context alone finds the same space."""
+    kept = dict(context or {})
+    if not kept.get("platform"):
+        kept["platform"] = space.platform
+    for key, value in space.parts:
+        if not kept.get(key) and not (key == "clusterid" and kept.get("clusterId")):
+            kept[key] = value
+    return kept
 
 
 def mapped_users(

@@ -59,3 +59,17 @@ def short_error(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     name = type(exc).__name__
     return f"{name}: {text[:300]}" if text else name
+
+
+# how much of a client's value an error description (or a log line) quotes
+EXCERPT_CHARS = 64
+
+
+def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
+    """A value from a request as an error quotes it: its first `limit` characters, control
+    characters (and lone surrogates, which UTF-8 cannot encode) as ``?``, and ``…`` when it
+    was longer. Never a client's value at length (a 3,000-character ``service_id`` was echoed
+    whole), never a line break in a log."""
+    text = value if isinstance(value, str) else str(value)
+    shown = "".join(c if c.isprintable() else "?" for c in text[:limit])
+    return shown + "…" if len(text) > limit else shown

@@ -19,7 +19,7 @@ from scoperouter.broker.config import (
     load_config,
 )
 from scoperouter.broker.credentials import CredentialPolicy, clouds_yaml_entry
-from scoperouter.broker.identity import mapped_users, space_of
+from scoperouter.broker.identity import TenancyError, mapped_users, space_of
 from scoperouter.broker.runtime import Broker
 from scoperouter.broker.secrets import Secrets, SecretsError, generate_key
 from scoperouter.cli import main as scoperouter_main
@@ -302,7 +302,8 @@ def test_space_of_platform_contexts() -> None:
     assert k8s.tag != cf.tag
     crossplane = space_of({"platform": "kubernetes", "clusterId": "c1", "namespace": "ns"})
     assert crossplane == k8s
-    assert space_of({}).parts == (("space", "default"),)
+    with pytest.raises(TenancyError):  # no shared space for requests naming no tenant
+        space_of({})
 
 
 def test_mapped_users_follow_the_table() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from scoperouter.broker import models
+from scoperouter.broker.logs import excerpt
 from scoperouter.broker.osb.common import (
     Endpoints,
     OSBError,
@@ -62,9 +63,12 @@ def bind(
         with ep.store.write() as session:
             instance = ep.store.instance(session, instance_id)
             if instance is None or instance.state == GONE:
-                raise OSBError(404, f"no instance {instance_id}")
+                raise OSBError(404, f"no instance {excerpt(instance_id)}")
             if (body.service_id, body.plan_id) != (instance.service_id, instance.plan_id):
-                raise bad_request(f"plan_id: instance {instance_id} is of plan {instance.plan_id}")
+                raise bad_request(
+                    f"plan_id: instance {excerpt(instance_id)} is of plan "
+                    f"{excerpt(instance.plan_id)}"
+                )
             parameters = body.parameters
             if body.predecessor_binding_id is not None:
                 parameters = _predecessor(ep, session, ref, instance_id, body, parameters)
@@ -89,7 +93,7 @@ def bind(
             if existing is not None:
                 return _repeat(ep, session, existing, digest, accepts_incomplete)
             if instance.state not in (PROVISIONED, UPDATING):
-                raise concurrency(f"instance {instance_id} is {instance.state}")
+                raise concurrency(f"instance {excerpt(instance_id)} is {instance.state}")
             if not accepts_incomplete and sync_seconds <= 0:
                 raise async_required(f"binding {ref.entry.name}")
             op = ep.new_op(
@@ -119,7 +123,9 @@ def bind(
             ep.store.add(session, binding)
             ep.store.add(session, op)
             if not ep.store.claim_instance(session, instance, op.id):
-                raise concurrency(f"instance {instance_id} has another operation in progress")
+                raise concurrency(
+                    f"instance {excerpt(instance_id)} has another operation in progress"
+                )
             log.info("bind %s to %s: %s", binding_id, instance_id, op.id)
             return op.id
 
@@ -151,12 +157,13 @@ def _predecessor(
     previous = ep.store.binding(session, body.predecessor_binding_id or "")
     if previous is None or previous.instance_id != instance_id or previous.state != BOUND:
         raise bad_request(
-            f"predecessor_binding_id: no live binding {body.predecessor_binding_id} "
-            f"of instance {instance_id}"
+            f"predecessor_binding_id: no live binding {excerpt(body.predecessor_binding_id)} "
+            f"of instance {excerpt(instance_id)}"
         )
     if previous.expires_at is not None and previous.expires_at <= utcnow():
         raise bad_request(
-            f"predecessor_binding_id: binding {previous.id} expired at {iso(previous.expires_at)}"
+            f"predecessor_binding_id: binding {excerpt(previous.id)} expired at "
+            f"{iso(previous.expires_at)}"
         )
     # the platform need not send the parameters again (OSB "Binding Rotation")
     return parameters if parameters is not None else dict(previous.parameters or {})
@@ -166,15 +173,17 @@ def _repeat(
     ep: Endpoints, session: Session, binding: Binding, digest: str, accepts_incomplete: bool
 ) -> BindReply:
     if binding.request_hash != digest or binding.state == GONE:
-        raise OSBError(409, f"binding {binding.id} exists with different attributes")
+        raise OSBError(409, f"binding {excerpt(binding.id)} exists with different attributes")
     if binding.state == BOUND:
         # the same answer as the original: with the credentials
         return Reply(200, ep.binding_body(binding, credentials=True))
     op = ep.store.last_operation(session, binding.instance_id, binding.id)
     if binding.state == BINDING and op is not None and op.kind == "bind":
         if not accepts_incomplete:
-            raise concurrency(f"binding {binding.id} is being created")
+            raise concurrency(f"binding {excerpt(binding.id)} is being created")
         return accepted(op.id)
     if binding.state == UNBINDING:
-        raise concurrency(f"binding {binding.id} is being deleted")
-    raise OSBError(409, f"binding {binding.id} exists and is {binding.state}: delete it first")
+        raise concurrency(f"binding {excerpt(binding.id)} is being deleted")
+    raise OSBError(
+        409, f"binding {excerpt(binding.id)} exists and is {binding.state}: delete it first"
+    )

@@ -5,7 +5,12 @@ platform receives them; a synchronous bind answered them already)."""
 from __future__ import annotations
 
 from scoperouter.broker import models
-from scoperouter.broker.osb.common import Endpoints, OSBError, Reply
+from scoperouter.broker.logs import excerpt
+from scoperouter.broker.osb.common import (
+    Endpoints,
+    OSBError,
+    Reply,
+)
 from scoperouter.broker.store import BOUND, UNBINDING
 
 
@@ -17,5 +22,5 @@ def get_binding(ep: Endpoints, instance_id: str, binding_id: str) -> Reply[model
         or binding.instance_id != instance_id
         or binding.state not in (BOUND, UNBINDING)
     ):
-        raise OSBError(404, f"no binding {binding_id} (or it is still being created)")
+        raise OSBError(404, f"no binding {excerpt(binding_id)} (or it is still being created)")
     return Reply(200, ep.binding_body(binding, credentials=binding.asynchronous))

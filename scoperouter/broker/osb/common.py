@@ -15,6 +15,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from scoperouter.broker import models
+from scoperouter.broker.identity import TenancyError
+from scoperouter.broker.logs import excerpt
 from scoperouter.broker.runtime import Broker, PlanRef
 from scoperouter.broker.services.base import Done, Failed, InstanceView, InvalidParameters
 from scoperouter.broker.store import (
@@ -119,12 +121,26 @@ def check_id(what: str, value: str) -> None:
         raise bad_request(f"{what}: expected {MAX_ID_HINT}")
 
 
+TENANT_HINT = " (the tenant: the instance goes in the project of its platform space)"
+
+
+def no_tenant(exc: TenancyError) -> OSBError:
+    """400 for a request whose context names no tenant (identity.space_of), naming the key."""
+    return bad_request(f"{exc.field}: {exc.message}{TENANT_HINT}")
+
+
+def invalid(exc: InvalidParameters) -> OSBError:
+    """400 naming the field and the rule; both are cut short, since a service's message may
+    quote what the request named (a cloud, another instance's id)."""
+    return bad_request(f"{excerpt(exc.field, 128)}: {excerpt(exc.message, 300)}")
+
+
 def validate(ref: PlanRef, which: str, kind: str, parameters: Mapping[str, Any]) -> None:
     """The plan's JSON schema and the service's own checks: 400 naming the field."""
     try:
         ref.validate(which, kind, parameters)
     except InvalidParameters as exc:
-        raise bad_request(f"{exc.field}: {exc.message}") from None
+        raise invalid(exc) from None
 
 
 def check_references(
@@ -153,7 +169,7 @@ def check_references(
             lookup=lookup,
         )
     except InvalidParameters as exc:
-        raise bad_request(f"{exc.field}: {exc.message}") from None
+        raise invalid(exc) from None
 
 
 def maintenance_conflict(ref: PlanRef, given: models.MaintenanceInfo | None) -> None:
@@ -163,7 +179,7 @@ def maintenance_conflict(ref: PlanRef, given: models.MaintenanceInfo | None) -> 
     if offered != given.version:
         raise OSBError(
             422,
-            f"maintenance_info.version {given.version!r} does not match the catalog's "
+            f"maintenance_info.version {excerpt(given.version)!r} does not match the catalog's "
             f"{offered!r} for plan {ref.plan.name}: fetch the catalog again",
             "MaintenanceInfoConflict",
         )
@@ -204,10 +220,12 @@ class Endpoints:
 
     def plan(self, service_id: str, plan_id: str) -> PlanRef:
         if service_id not in self.broker.offerings:
-            raise bad_request(f"service_id: no service {service_id!r} in the catalog")
+            raise bad_request(f"service_id: no service {excerpt(service_id)!r} in the catalog")
         ref = self.broker.plan(service_id, plan_id)
         if ref is None:
-            raise bad_request(f"plan_id: no plan {plan_id!r} in service {service_id!r}")
+            raise bad_request(
+                f"plan_id: no plan {excerpt(plan_id)!r} in service {excerpt(service_id)!r}"
+            )
         return ref
 
     def new_op(
@@ -277,7 +295,7 @@ class Endpoints:
         else:
             won = self.store.claim_instance(session, instance, op.id)
         if not won:
-            raise concurrency(f"instance {instance.id} has an operation in progress")
+            raise concurrency(f"instance {excerpt(instance.id)} has an operation in progress")
 
     def binding_body(self, binding: Binding, *, credentials: bool) -> models.BindingResponse:
         meta = None

@@ -4,6 +4,7 @@ provision it stops that provision and removes what it built (orphan mitigation).
 from __future__ import annotations
 
 from scoperouter.broker import models
+from scoperouter.broker.logs import excerpt
 from scoperouter.broker.osb.common import (
     EMPTY,
     Endpoints,
@@ -37,16 +38,19 @@ def deprovision(
         if instance is None or instance.state == GONE:
             return Reply(410, EMPTY)
         if service_id != instance.service_id:
-            raise bad_request(f"service_id: instance {instance_id} is not of service {service_id}")
+            raise bad_request(
+                f"service_id: instance {excerpt(instance_id)} is not of service "
+                f"{excerpt(service_id)!r}"
+            )
         ref = ep.plan(service_id, plan_id)
         active = ep.active(session, instance)
         if active is not None and active.kind == "deprovision":
             if not accepts_incomplete:
-                raise async_required(f"deprovisioning {instance_id}")
+                raise async_required(f"deprovisioning {excerpt(instance_id)}")
             return accepted(active.id)
         if active is not None and active.kind != "provision":
             raise concurrency(
-                f"instance {instance_id} has an operation in progress ({active.kind})"
+                f"instance {excerpt(instance_id)} has an operation in progress ({active.kind})"
             )
         if not accepts_incomplete:
             raise async_required(f"deprovisioning {ref.entry.name}")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from scoperouter.broker import models
+from scoperouter.broker.logs import excerpt
 from scoperouter.broker.osb.common import (
     Endpoints,
     OSBError,
@@ -18,9 +19,11 @@ def get_instance(ep: Endpoints, instance_id: str) -> Reply[models.InstanceRespon
     with ep.store.read() as session:
         instance = ep.store.instance(session, instance_id)
     if instance is None or instance.state in (GONE, PROVISIONING, FAILED):
-        raise OSBError(404, f"no instance {instance_id} (or it is still being provisioned)")
+        raise OSBError(
+            404, f"no instance {excerpt(instance_id)} (or it is still being provisioned)"
+        )
     if instance.state == UPDATING:
-        raise concurrency(f"instance {instance_id} is being updated")
+        raise concurrency(f"instance {excerpt(instance_id)} is being updated")
     return Reply(
         200,
         models.InstanceResponse(

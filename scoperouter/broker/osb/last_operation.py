@@ -9,7 +9,13 @@ import math
 from datetime import datetime
 
 from scoperouter.broker import models
-from scoperouter.broker.osb.common import EMPTY, Endpoints, OSBError, Reply
+from scoperouter.broker.logs import excerpt
+from scoperouter.broker.osb.common import (
+    EMPTY,
+    Endpoints,
+    OSBError,
+    Reply,
+)
 from scoperouter.broker.store import FAILED, IN_PROGRESS, SUCCEEDED, utcnow
 
 LastOperationReply = Reply[models.LastOperationBody] | Reply[models.EmptyResponse]
@@ -23,9 +29,9 @@ def last_operation(
     unbind succeeded (the resource is gone); 404 for an unknown one."""
     op = ep.store.status(instance_id, binding_id, operation)
     if op is None:
-        what = f"binding {binding_id} of instance" if binding_id else "instance"
-        detail = f" with operation {operation}" if operation else ""
-        raise OSBError(404, f"no {what} {instance_id}{detail}")
+        what = f"binding {excerpt(binding_id)} of instance" if binding_id else "instance"
+        detail = f" with operation {excerpt(operation)}" if operation else ""
+        raise OSBError(404, f"no {what} {excerpt(instance_id)}{detail}")
     if op.kind in ("deprovision", "unbind") and op.state == SUCCEEDED:
         return GONE
     body: models.LastOperationBody = {"state": op.state}  # type: ignore[typeddict-item]

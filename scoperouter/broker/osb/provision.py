@@ -5,6 +5,8 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from scoperouter.broker import models
+from scoperouter.broker.identity import Space, TenancyError, space_of, tenant_context
+from scoperouter.broker.logs import excerpt
 from scoperouter.broker.osb.common import (
     Endpoints,
     OSBError,
@@ -19,6 +21,7 @@ from scoperouter.broker.osb.common import (
     instance_metadata,
     log,
     maintenance_conflict,
+    no_tenant,
     validate,
 )
 from scoperouter.broker.store import (
@@ -43,13 +46,7 @@ def provision(
 ) -> ProvisionReply:
     check_id("instance_id", instance_id)
     ref = ep.plan(body.service_id, body.plan_id)
-    if body.context is None:
-        # OSB 2.17: both are required (deprecated in favour of `context`, which names the
-        # platform's space when they are absent); without either, the instance would land in
-        # a space shared by every such request
-        for name in ("organization_guid", "space_guid"):
-            if getattr(body, name) is None:
-                raise bad_request(f"{name}: required when the request has no context (OSB 2.17)")
+    space = tenant(ep, body)
     parameters = dict(body.parameters or {})
     validate(ref, "instance_create", "provision", parameters)
     maintenance_conflict(ref, body.maintenance_info)
@@ -81,7 +78,7 @@ def provision(
                 plan_id=body.plan_id,
                 service_name=ref.service.name,
                 parameters=parameters,
-                context=context,
+                context=tenant_context(context, space),
                 organization_guid=body.organization_guid,
                 space_guid=body.space_guid,
                 cloud=None,
@@ -101,6 +98,29 @@ def provision(
     return reply
 
 
+def tenant(ep: Endpoints, body: models.ProvisionRequest) -> Space:
+    """The tenant the instance belongs to (its platform space: identity.py), or 400.
+
+    OSB 2.17 deprecates the top-level ``organization_guid``/``space_guid`` for ``context``,
+    but the tenant must come from somewhere: a Cloud Foundry context (or those GUIDs), a
+    Kubernetes namespace, or a platform the operator maps in ``identity.platforms``. There is
+    no shared project for requests that name none: ``"context": {}`` and an unknown platform
+    were accepted and all such instances put in one ``osb-unknown-default`` project."""
+    if body.context is None:
+        for name in ("organization_guid", "space_guid"):
+            if getattr(body, name) is None:
+                raise bad_request(f"{name}: required when the request has no context (OSB 2.17)")
+    try:
+        return space_of(
+            body.context,
+            body.organization_guid,
+            body.space_guid,
+            platforms=ep.broker.config.identity.platforms,
+        )
+    except TenancyError as exc:
+        raise no_tenant(exc) from None
+
+
 def _repeat(
     ep: Endpoints, session: Session, instance: Instance, digest: str, accepts_incomplete: bool
 ) -> ProvisionReply:
@@ -108,16 +128,16 @@ def _repeat(
     if instance.state == GONE:
         raise OSBError(
             409,
-            f"instance {instance.id} existed and was deprovisioned: use a new id "
+            f"instance {excerpt(instance.id)} existed and was deprovisioned: use a new id "
             "(or forget the old one with `scoperouter broker purge`)",
         )
     if instance.request_hash != digest:
-        raise OSBError(409, f"instance {instance.id} exists with different attributes")
+        raise OSBError(409, f"instance {excerpt(instance.id)} exists with different attributes")
     if instance.state in (PROVISIONED, UPDATING):
         return Reply(200, models.ProvisionResponse(metadata=instance_metadata(instance)))
     if instance.state == DEPROVISIONING:
-        raise concurrency(f"instance {instance.id} is being deprovisioned")
+        raise concurrency(f"instance {excerpt(instance.id)} is being deprovisioned")
     if not accepts_incomplete:
-        raise async_required(f"provisioning {instance.id}")
+        raise async_required(f"provisioning {excerpt(instance.id)}")
     first = [op for op in ep.store.operations(session, instance.id) if op.kind == "provision"]
     return accepted(first[0].id if first else None)

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from scoperouter.broker import models
+from scoperouter.broker.logs import excerpt
 from scoperouter.broker.osb.common import (
     EMPTY,
     Endpoints,
@@ -48,19 +49,22 @@ def unbind(
         ):
             return Reply(410, EMPTY)
         if service_id != binding.service_id:
-            raise bad_request(f"service_id: binding {binding_id} is not of service {service_id}")
+            raise bad_request(
+                f"service_id: binding {excerpt(binding_id)} is not of service "
+                f"{excerpt(service_id)!r}"
+            )
         ref = ep.plan(service_id, plan_id)
         sync_seconds = ref.config.synchronous_seconds
         active = ep.active(session, instance)
         if active is not None and active.binding_id == binding_id and active.kind == "unbind":
             if not accepts_incomplete:
-                raise concurrency(f"binding {binding_id} is being deleted")
+                raise concurrency(f"binding {excerpt(binding_id)} is being deleted")
             return accepted(active.id)
         stop_bind = active is not None and active.binding_id == binding_id
         if active is not None and not (stop_bind and accepts_incomplete):
             # a synchronous unbind cannot wait for a bind to stop: the platform retries
             raise concurrency(
-                f"instance {instance_id} has an operation in progress ({active.kind})"
+                f"instance {excerpt(instance_id)} has an operation in progress ({active.kind})"
             )
         if not accepts_incomplete and sync_seconds <= 0:
             raise async_required(f"unbinding {ref.entry.name}")

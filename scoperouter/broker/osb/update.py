@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from scoperouter.broker import models
+from scoperouter.broker.identity import TenancyError, space_of
+from scoperouter.broker.logs import excerpt
 from scoperouter.broker.osb.common import (
     EMPTY,
     Endpoints,
@@ -20,6 +22,7 @@ from scoperouter.broker.osb.common import (
     check_references,
     concurrency,
     maintenance_conflict,
+    no_tenant,
     validate,
 )
 from scoperouter.broker.runtime import PlanRef
@@ -40,9 +43,9 @@ def update(
     with ep.store.write() as session:
         instance = ep.store.instance(session, instance_id)
         if instance is None or instance.state == GONE:
-            raise OSBError(404, f"no instance {instance_id}")
+            raise OSBError(404, f"no instance {excerpt(instance_id)}")
         if body.service_id != instance.service_id:
-            raise bad_request(f"service_id: instance {instance_id} is not of this service")
+            raise bad_request(f"service_id: instance {excerpt(instance_id)} is not of this service")
         current = ep.plan(instance.service_id, instance.plan_id)
         target_plan = body.plan_id or instance.plan_id
         ref = ep.plan(instance.service_id, target_plan)
@@ -52,6 +55,8 @@ def update(
                 f"plan {current.plan.name} cannot be changed to {ref.plan.name}",
                 update_repeatable=False,
             )
+        if body.context is not None and ref.entry.allow_context_updates:
+            same_tenant(ep, instance.context, body.context)
         if body.parameters is not None:
             updatable(ref, instance.parameters, body.parameters)
         maintenance_conflict(ref, body.maintenance_info)
@@ -70,15 +75,16 @@ def update(
         if active is not None:
             if active.kind == "update" and active.request_hash == digest:
                 if not accepts_incomplete:
-                    raise async_required(f"updating {instance_id}")
+                    raise async_required(f"updating {excerpt(instance_id)}")
                 return accepted(active.id)
             raise concurrency(
-                f"instance {instance_id} has an operation in progress ({active.kind})"
+                f"instance {excerpt(instance_id)} has an operation in progress ({active.kind})"
             )
         if instance.state != PROVISIONED:
             raise OSBError(
                 422,
-                f"instance {instance_id} is {instance.state}: it cannot be updated (delete it)",
+                f"instance {excerpt(instance_id)} is {instance.state}: it cannot be updated "
+                "(delete it)",
                 instance_usable=False,
                 update_repeatable=False,
             )
@@ -101,11 +107,30 @@ def update(
         op = ep.new_op("update", instance_id, ref, facts, request=request, digest=digest)
         ep.store.add(session, op)
         if not ep.store.claim_instance(session, instance, op.id):
-            raise concurrency(f"instance {instance_id} has an operation in progress")
+            raise concurrency(f"instance {excerpt(instance_id)} has an operation in progress")
         instance.state = UPDATING
         reply = accepted(op.id)
     ep.wake()
     return reply
+
+
+def same_tenant(ep: Endpoints, kept: Mapping[str, Any] | None, given: Mapping[str, Any]) -> None:
+    """A context update must name a tenant, the instance's own: 400 otherwise. (The broker
+    does not move an instance's resources to another project; and a context naming none
+    would leave the instance without one.)"""
+    try:
+        space = space_of(given, platforms=ep.broker.config.identity.platforms)
+    except TenancyError as exc:
+        raise no_tenant(exc) from None
+    try:
+        current = space_of(kept, platforms=ep.broker.config.identity.platforms)
+    except TenancyError:  # kept from before tenants were required: any tenant will do
+        return
+    if space.tag != current.tag:
+        raise bad_request(
+            "context: names another tenant than the instance's; the broker does not move "
+            "instances between platform spaces"
+        )
 
 
 def updatable(ref: PlanRef, current: Mapping[str, Any], given: Mapping[str, Any]) -> None:
@@ -124,7 +149,8 @@ def updatable(ref: PlanRef, current: Mapping[str, Any], given: Mapping[str, Any]
         name = sorted(changing)[0]
         raise OSBError(
             422,
-            f"parameters.{name}: plan {ref.plan.name} of {ref.entry.name} has no updatable "
+            f"parameters.{excerpt(name)}: plan {ref.plan.name} of {ref.entry.name} has no "
+            "updatable "
             "parameters (its catalog entry has no schemas.service_instance.update); "
             "nothing was changed: create a new instance to change them",
             instance_usable=True,

@@ -164,7 +164,7 @@ class ProjectService(Service):
         if op.cancelled:
             return Failed("stopped: a deprovision request arrived")
         conn = op.clouds.connect(cloud)
-        space = space_of(op.context)
+        space = space_of(op.context, platforms=op.identity.config.platforms)
         name = self.project_name(op.instance.id, op.parameters.get("name"))
         description = str(
             op.parameters.get("description")

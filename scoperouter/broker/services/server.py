@@ -206,7 +206,8 @@ def space_project(op: OperationContext, cloud: str) -> str:
     if cloud in known:
         return str(known[cloud])
     conn = op.clouds.connect(cloud)
-    project_id = op.identity.space_project(conn, space_of(op.context))
+    space = space_of(op.context, platforms=op.identity.config.platforms)
+    project_id = op.identity.space_project(conn, space)
     granted = op.identity.grant_mapped(conn, cloud, project_id, op.originating_identity)
     if granted:
         op.log.info("granted %s on project %s in %s", ", ".join(granted), project_id, cloud)
