@@ -424,6 +424,36 @@ def test_what_is_not_tls_in_a_tunnel_is_answered_400_at_once(setup: Setup) -> No
     assert not setup.plain.requests and setup.plain.connections == connections
 
 
+def test_a_tunnel_without_a_handshake_in_header_timeout_is_closed(setup: Setup) -> None:
+    """A tunnel with no byte, or a ClientHello that stops half-way, stayed open for as long
+    as the client liked (a connection held for nothing). Now, as a head not complete in
+    time on the frontends: closed after header_timeout (10 s here), logged as a 408."""
+    one = setup.routers["CloudOne"]
+    target = f"{setup.plain.host}:{setup.plain.port}"
+    hello = ssl.create_default_context().wrap_bio(
+        ssl.MemoryBIO(), outgoing := ssl.MemoryBIO(), server_hostname=setup.plain.host
+    )
+    with pytest.raises(ssl.SSLWantReadError):
+        hello.do_handshake()
+    partial = outgoing.read()[:40]
+    tunnels = []
+    for first in (b"", partial):
+        sock, head = connect(setup.proxy, target)
+        assert head.startswith(b"HTTP/1.1 200 "), head
+        sock.sendall(first)
+        tunnels.append(sock)
+    started = time.monotonic()
+    for sock in tunnels:
+        with sock:
+            sock.settimeout(20)
+            assert sock.recv(100) == b""  # closed, nothing passed on or answered
+    took = time.monotonic() - started
+    assert 8 < took < 14, took
+    timed_out = one.wait_for_access(count=2, path=target, status=408)
+    assert len(timed_out) == 2, timed_out
+    assert "TLS handshake was not complete after 10s" in timed_out[0]["reason"]
+
+
 def test_a_tls_clienthello_in_pieces_is_still_intercepted(setup: Setup) -> None:
     """The first byte of a ClientHello alone does not decide: the next ones do."""
     hello = ssl.create_default_context(cafile=str(setup.proxy_ca))

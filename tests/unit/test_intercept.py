@@ -9,13 +9,14 @@ import asyncio
 import datetime
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from cryptography import x509
-from mitmproxy import exceptions, options
+from mitmproxy import exceptions, options, tls
 from mitmproxy.proxy import events, layer
 from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.mode_specs import ProxyMode
@@ -25,7 +26,7 @@ from scoperouter import pki
 from scoperouter.catalog import Catalog
 from scoperouter.config import build_catalog
 from scoperouter.errors import ConfigError
-from scoperouter.proxy.forward import intercept
+from scoperouter.proxy.forward import guard, intercept
 from scoperouter.proxy.forward.addon import ForwardAddon
 from scoperouter.proxy.forward.intercept import Certificates, Interception, signing_ca
 from scoperouter.router.config import RouterConfig
@@ -354,3 +355,33 @@ def test_the_first_bytes_of_a_tunnel_decide(ca_files: tuple[Path, Path], tmp_pat
     other = tflow.tclient_conn()
     other.tls = False
     assert decided(b"GET / HTTP/1.1\r\n", other) is None  # not a tunnel: mitmproxy decides
+
+
+def test_a_tunnel_must_finish_its_handshake_in_header_timeout(
+    ca_files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A tunnel with no handshake (or half of one) was held open for ever; now the sweep
+    closes it after header_timeout, reported as a 408."""
+    addon = tunnel_addon(ca_files, tmp_path)
+    refusals: list[guard.Refusal] = []
+    guard.set_refusal_handler(refusals.append)
+    try:
+        slow = connected(addon, "127.0.1.2", 9292)
+        done = connected(addon, "127.0.1.2", 9292)
+        assert set(addon.handshakes) == {slow.client_conn.id, done.client_conn.id}
+        context = Context(done.client_conn, options.Options())
+        addon.tls_established_client(tls.TlsData(done.client_conn, context))
+        assert set(addon.handshakes) == {slow.client_conn.id}
+        addon.sweep(time.monotonic() + 9)  # not yet
+        assert not refusals
+        addon.sweep(time.monotonic() + 11)  # closed (no master here: the report shows it)
+        [refusal] = refusals
+        assert (refusal.status, refusal.path, refusal.client) == (
+            408,
+            "127.0.1.2:9292",
+            slow.client_conn,
+        )
+        assert "TLS handshake was not complete after 10s" in refusal.message
+        assert not addon.handshakes
+    finally:
+        guard.set_refusal_handler(None)

@@ -589,3 +589,14 @@ def test_the_refusing_layer_answers_lingers_and_closes(guarded: None) -> None:
     [closed] = refusing.handle_event(events.Wakeup(wakeup))
     assert type(closed) is commands.CloseConnection and closed.connection is client
     assert [(r.status, r.path, r.method) for r in refusals] == [(400, "h:1", "-")]
+
+
+def test_a_finished_client_handshake_is_a_hook_with_its_client() -> None:
+    """The sweep watches a tunnel until ``tls_established_client`` (issue 30, finding 8)."""
+    from mitmproxy.proxy.layers.tls import TlsEstablishedClientHook
+
+    assert TlsEstablishedClientHook.name == "tls_established_client"
+    assert mitm.TlsData is tls.TlsData
+    source = inspect.getsource(tls_layers.TLSLayer.receive_handshake_data)
+    assert "yield TlsEstablishedClientHook(" in source
+    assert "context" in {f.name for f in __import__("dataclasses").fields(tls.TlsData)}

@@ -19,7 +19,9 @@ order:
   :func:`~.intercept.catalog_host`; the requests inside come through the hooks above,
   ``https`` URLs), anything else refused (403) and logged;
 * ``next_layer``: the first bytes of an intercepted tunnel must be a TLS ClientHello; anything
-  else is answered 400 at once and the tunnel closed (:func:`~.mitm.refuse_layer`);
+  else is answered 400 at once and the tunnel closed (:func:`~.mitm.refuse_layer`); a
+  handshake not done (``tls_established_client``) within ``header_timeout`` of the
+  ``CONNECT`` closes the tunnel (the sweep), logged as a 408;
 * inside a tunnel, the frontends' rule for the target (:func:`tunnel_target`): an
   absolute-form target naming the tunnel's own authority is reduced to origin-form, one
   naming another is refused (421), and so is a ``Host`` that names another; what reaches the
@@ -89,6 +91,8 @@ class ForwardAddon:
         # client connection id -> the (host, port) of its intercepted tunnel, as the catalog
         # spells the host: every request on that connection from then on is inside it
         self.tunnels: dict[str, tuple[str, int]] = {}
+        # client connection id -> when its tunnel's TLS handshake must be done (monotonic)
+        self.handshakes: dict[str, tuple[float, Client]] = {}
 
     # -- lifecycle and connections
 
@@ -105,6 +109,10 @@ class ForwardAddon:
         self.pipeline.metrics.closed()
         self.inflight.pop(client.id, None)
         self.tunnels.pop(client.id, None)
+        self.handshakes.pop(client.id, None)
+
+    def tls_established_client(self, data: mitm.TlsData) -> None:
+        self.handshakes.pop(data.context.client.id, None)
 
     def busy(self) -> set[str]:
         """Client connections with a request in progress (draining lets them finish)."""
@@ -116,6 +124,24 @@ class ForwardAddon:
         for entry in list(self.inflight.values()):
             with contextlib.suppress(Exception):  # one request must not stop the sweep
                 entry.deadlines.check(entry.state, now_wall, now)
+        for client_id, (deadline, client) in list(self.handshakes.items()):
+            if now >= deadline:
+                with contextlib.suppress(Exception):
+                    self._handshake_too_slow(client_id, client, deadline)
+
+    def _handshake_too_slow(self, client_id: str, client: Client, deadline: float) -> None:
+        """A tunnel whose TLS handshake did not come (or not whole) in ``header_timeout``:
+        closed, as a head not complete in time would be, and logged."""
+        del self.handshakes[client_id]
+        host, port = self.tunnels.get(client_id, ("-", 0))
+        limits = self.config.current().settings.limits
+        message = (
+            f"the tunnel's TLS handshake was not complete after {limits.header_timeout:g}s "
+            "(header_timeout)"
+        )
+        started = deadline - limits.header_timeout
+        guard.report(client, 408, message, "-", f"{host}:{port}", started)
+        mitm.close_client(client_id)
 
     # -- a request
 
@@ -294,7 +320,10 @@ class ForwardAddon:
             # tunnel's address (mitmproxy takes it from the request after this hook) is the
             # catalog's spelling: one certificate, one route, whatever the client's.
             request.data.host = host
-            self.tunnels[flow.client_conn.id] = (host, request.port)
+            client = flow.client_conn
+            self.tunnels[client.id] = (host, request.port)
+            timeout = catalog.settings.limits.header_timeout
+            self.handshakes[client.id] = (time.monotonic() + timeout, client)
             return
         state = new_state(request.method, f"{request.host}:{request.port}", {})
         state.decision = reject
@@ -312,6 +341,7 @@ class ForwardAddon:
         if mitm.could_be_tls(data):
             return  # a ClientHello (or the start of one): intercepted
         where = f"{inside[0]}:{inside[1]}"
+        self.handshakes.pop(context.client.id, None)  # refused now: no deadline to watch
         nextlayer.layer = mitm.refuse_layer(context, 400, NOT_TLS_MESSAGE, where)
 
     def _finish(self, flow: http.HTTPFlow, entry: _Flow, status: int, error: str | None) -> None:

@@ -88,7 +88,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cryptography import x509
-from mitmproxy import addonmanager, certs, ctx, exceptions, hooks, http
+from mitmproxy import addonmanager, certs, ctx, exceptions, hooks, http, tls
 from mitmproxy import flow as mflow
 from mitmproxy.addons import tlsconfig
 from mitmproxy.connection import Client, Server
@@ -393,6 +393,7 @@ class InterceptingTlsConfig(tlsconfig.TlsConfig):
 # --------------------------------------------------------------------------- 8. tunnels
 
 NextLayer = layer.NextLayer
+TlsData = tls.TlsData  # what the tls_established_client hook gets (.context.client)
 """What the ``next_layer`` hook gets: ``.context``, ``.layer`` (set it to decide),
 ``.data_client()`` (the bytes the client sent so far)."""
 
