@@ -333,7 +333,7 @@ def test_absolute_form_in_a_tunnel_is_reduced_or_refused_as_on_the_frontends(
     # The tunnel's own authority (any case), with its Host or none: reduced to origin-form.
     for head, host in (
         (b"GET https://%s/v3/reduced HTTP/1.1\r\nHost: %s\r\n\r\n", authority),
-        (b"GET https://%s/v3/reduced HTTP/1.1\r\n\r\n", authority),
+        (b"GET HTTPS://%s/v3/reduced HTTP/1.1\r\n\r\n", authority),  # was a 502
         (b"GET /v3/reduced HTTP/1.1\r\nHost: %s\r\n\r\n", authority),
     ):
         plain.clear()
@@ -353,6 +353,27 @@ UPGRADES = (
     b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n",
     b"Connection: keep-alive\r\nConnection: upgrade\r\nUpgrade: websocket\r\n",
 )
+
+
+def test_a_schemes_case_is_the_clients_choice_another_scheme_its_error(setup: Setup) -> None:
+    """``HTTP://`` was answered 502 (mitmproxy's "Invalid request scheme: HTTP"): a scheme
+    is case-insensitive (RFC 9110 4.2.3). One the proxy does not carry is a 400, not a 502."""
+    plain = setup.plain
+    authority = f"{plain.host}:{plain.port}".encode()
+    plain.clear()
+    reply = raw_exchange(
+        *setup.proxy,
+        b"GET HTTP://%s/v3/cased HTTP/1.1\r\nHost: %s\r\n\r\n" % (authority, authority),
+    )
+    assert reply.status == 200, reply
+    [got] = plain.requests
+    assert got.target == b"/v3/cased"
+    reply = raw_exchange(
+        *setup.proxy, b"GET ftp://%s/v3/x HTTP/1.1\r\nHost: %s\r\n\r\n" % (authority, authority)
+    )
+    assert reply.status == 400, reply
+    assert "http:// and https:// URLs only" in reply.error_message()
+    assert len(plain.requests) == 1
 
 
 def switching(router: Router) -> list[dict[str, Any]]:

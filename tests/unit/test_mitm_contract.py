@@ -600,3 +600,20 @@ def test_a_finished_client_handshake_is_a_hook_with_its_client() -> None:
     source = inspect.getsource(tls_layers.TLSLayer.receive_handshake_data)
     assert "yield TlsEstablishedClientHook(" in source
     assert "context" in {f.name for f in __import__("dataclasses").fields(tls.TlsData)}
+
+
+def test_a_schemes_case_is_not_an_upstream_failure(guarded: None) -> None:
+    """mitmproxy answered ``GET HTTPS://...`` with 502 (``Invalid request scheme``): the
+    scheme is case-insensitive (RFC 9110 4.2.3); one the proxy does not carry is the
+    client's error, 400."""
+    assert "Invalid request scheme" in inspect.getsource(http_layers.validate_request)
+    conn = Conn()
+    conn.send(b"GET HTTP://x:80/a HTTP/1.1\r\nHost: x:80\r\n\r\n")
+    [request] = conn.heads()
+    assert request.scheme == "http" and not conn.sent()
+    assert http_layers.validate_request(http_layers.HTTPMode.regular, request, True) is None
+    conn = Conn()
+    conn.send(b"GET ftp://x:21/a HTTP/1.1\r\nHost: x:21\r\n\r\n")
+    status, _, body = _parse(conn.sent())
+    assert (status, body["error"]["message"]) == (400, guard.SCHEME_MESSAGE)
+    assert [r.status for r in conn.refusals] == [400] and not conn.heads()

@@ -194,6 +194,12 @@ class GuardedHttp1Server(_http1.Http1Server):
             return
         try:
             self.request = http1.read_request_head([bytes(x) for x in lines])
+            scheme = self.request.data.scheme.lower()  # RFC 9110 4.2.3: any case
+            if scheme not in (b"", b"http", b"https"):
+                line = _split_request_line(lines[0])
+                yield from self._refuse(400, SCHEME_MESSAGE, line, started)
+                return
+            self.request.data.scheme = scheme
             validate.validate_headers(self.request)
             expected_body_size = http1.expected_http_body_size(self.request)
         except ValueError as exc:
@@ -321,6 +327,7 @@ def _options(value: bytes) -> frozenset[bytes]:
     return heads.connection_tokens(value.strip(b" \t")) or frozenset()
 
 
+SCHEME_MESSAGE = "the forward proxy carries http:// and https:// URLs only"
 BODY_FAILED = "scoperouter: request body "
 """The start of a flow error the guarded server raised for a failed body ("...408: why")."""
 
