@@ -6,7 +6,8 @@
                                 interception CA), metrics :M, peer link https :L
              backends 127.0.1.70 image (TLS, the clouds' CA), 127.0.1.72 placement (TLS, a
                                 certificate for 127.0.1.99: does not match), 127.0.1.73
-                                identity (plain HTTP, records every byte)
+                                identity (plain HTTP, records every byte), 127.0.0.1
+                                compute (plain HTTP, records; the catalog names it localhost)
     CloudTwo router 127.0.0.71  image frontend https, peer link https
              backend  127.0.1.71 image (TLS, the clouds' CA)
 
@@ -49,6 +50,7 @@ from .routers import (
     stop_all,
     write_config,
 )
+from .tunnel import connect, exchange, open_tunnel, send_request
 
 pytestmark = pytest.mark.integration
 
@@ -66,6 +68,7 @@ class Setup:
     frontend: tuple[str, int]  # CloudOne's image frontend (https): a catalog destination
     mismatched: tuple[str, int]  # CloudOne's placement backend: a certificate for another IP
     plain: RecordingBackend  # CloudOne's identity backend (plain HTTP)
+    named: RecordingBackend  # CloudOne's compute backend, http://localhost:port in the catalog
     backends: dict[str, EchoBackend]
     proxy_ca: Path  # what CloudOne's services trust for the forward proxy's certificates
     proxy_ca_key: Path
@@ -126,6 +129,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         ).start(),
     }
     plain = RecordingBackend("127.0.1.73", name="CloudOne-identity").start()
+    named = RecordingBackend("127.0.0.1", name="CloudOne-compute").start()
     ports = {
         host: {s: free_port(host) for s in ("image", "proxy", "metrics")} for host in (ONE, TWO)
     }
@@ -139,6 +143,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         if name == "CloudOne":
             services["placement"] = (free_port(host), "", backends["mismatched"].url)
             services["identity"] = (free_port(host), "/v3", plain.url + "/v3")
+            services["compute"] = (free_port(host), "", f"http://localhost:{named.port}")
         entry = cloud_entry(host, services, scheme="https", tls=front)
         peer_port = free_port(host)
         peer_cert = peer_certs[peer]
@@ -179,12 +184,14 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
             (ONE, ports[ONE]["image"]),
             ("127.0.1.72", backends["mismatched"].port),
             plain,
+            named,
             backends,
             *proxy_ca,
         )
     finally:
         codes = stop_all(routers.values())
         plain.stop()
+        named.stop()
         for backend in backends.values():
             backend.stop()
     assert codes == {"CloudOne": 0, "CloudTwo": 0}, routers["CloudOne"].log_text()[-3000:]
@@ -287,6 +294,268 @@ def test_what_is_neither_tls_nor_http_in_a_tunnel_is_refused_not_passed_on(
     assert got.startswith(b"HTTP/1.1 200 "), got
     assert b"HTTP/1.1 400 " in got, got
     assert not setup.plain.raw and not setup.plain.connections
+
+
+def in_tunnel(setup: Setup, target: tuple[str, int], data: bytes, **kwargs: Any) -> Reply:
+    """One request's bytes inside an intercepted tunnel to `target`: the answer."""
+    with open_tunnel(setup.proxy, target, setup.proxy_ca, **kwargs) as sock:
+        return send_request(sock, data)
+
+
+def test_absolute_form_in_a_tunnel_is_reduced_or_refused_as_on_the_frontends(
+    setup: Setup,
+) -> None:
+    """Issue 30, finding 3: inside a tunnel, an absolute-form target for another authority
+    went upstream as it came (the access log showing only its path); a Host for another
+    authority as well. Now: 421, nothing sent; one for the tunnel's own authority is reduced to
+    origin-form, and the upstream gets the target the access log shows."""
+    one = setup.routers["CloudOne"]
+    plain = setup.plain
+    authority = f"{plain.host}:{plain.port}"
+    target = (plain.host, plain.port)
+    plain.clear()
+    connections = plain.connections
+    for head in (
+        b"GET http://127.0.8.99:80/v3/x HTTP/1.1\r\nHost: 127.0.8.99\r\n\r\n",
+        b"GET http://127.0.8.99:80/v3/x HTTP/1.1\r\nHost: %s\r\n\r\n" % authority.encode(),
+        b"GET /v3/x HTTP/1.1\r\nHost: 127.0.8.99\r\n\r\n",
+        b"GET /v3/x HTTP/1.1\r\nHost: %s:1\r\n\r\n" % plain.host.encode(),
+        b"GET https://%s:1/v3/x HTTP/1.1\r\nHost: %s\r\n\r\n"
+        % (plain.host.encode(), authority.encode()),
+    ):
+        reply = in_tunnel(setup, target, head)
+        assert reply.status == 421, (head, reply)
+        assert f"this is a tunnel to {authority}" in reply.error_message(), head
+        assert reply.headers["content-type"] == "application/json"
+    one.wait_for_access(count=5, path=f"https://{authority}/v3/x", status=421)
+    time.sleep(0.3)
+    assert not plain.requests and plain.connections == connections, plain.requests
+    # The tunnel's own authority (any case), with its Host or none: reduced to origin-form.
+    for head, host in (
+        (b"GET https://%s/v3/reduced HTTP/1.1\r\nHost: %s\r\n\r\n", authority),
+        (b"GET HTTPS://%s/v3/reduced HTTP/1.1\r\n\r\n", authority),  # was a 502
+        (b"GET /v3/reduced HTTP/1.1\r\nHost: %s\r\n\r\n", authority),
+    ):
+        plain.clear()
+        data = head % ((authority.upper().encode(),) * head.count(b"%s"))
+        reply = in_tunnel(setup, target, data)
+        assert reply.status == 200, (data, reply)
+        [got] = plain.requests
+        assert got.target == b"/v3/reduced", got
+        assert [v.lower() for v in got.values(b"host")] == [host.encode()], got
+        [entry] = one.wait_for_access(request_id=reply.headers["x-scope-request-id"])
+        assert entry["path"] == f"https://{authority}/v3/reduced"
+
+
+UPGRADES = (
+    b"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n",
+    b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n",
+    b"Connection: keep-alive\r\nConnection: upgrade\r\nUpgrade: websocket\r\n",
+)
+
+
+def test_a_schemes_case_is_the_clients_choice_another_scheme_its_error(setup: Setup) -> None:
+    """``HTTP://`` was answered 502 (mitmproxy's "Invalid request scheme: HTTP"): a scheme
+    is case-insensitive (RFC 9110 4.2.3). One the proxy does not carry is a 400, not a 502."""
+    plain = setup.plain
+    authority = f"{plain.host}:{plain.port}".encode()
+    plain.clear()
+    reply = raw_exchange(
+        *setup.proxy,
+        b"GET HTTP://%s/v3/cased HTTP/1.1\r\nHost: %s\r\n\r\n" % (authority, authority),
+    )
+    assert reply.status == 200, reply
+    [got] = plain.requests
+    assert got.target == b"/v3/cased"
+    reply = raw_exchange(
+        *setup.proxy, b"GET ftp://%s/v3/x HTTP/1.1\r\nHost: %s\r\n\r\n" % (authority, authority)
+    )
+    assert reply.status == 400, reply
+    assert "http:// and https:// URLs only" in reply.error_message()
+    assert len(plain.requests) == 1
+
+
+def switching(router: Router) -> list[dict[str, Any]]:
+    """The access entries of refused upgrades."""
+    return [e for e in router.access() if "does not switch protocols" in e.get("reason", "")]
+
+
+@pytest.mark.parametrize("fields", UPGRADES, ids=("websocket", "h2c", "two-connection-fields"))
+def test_an_upgrade_through_the_forward_proxy_is_refused_as_on_the_frontends(
+    setup: Setup, fields: bytes
+) -> None:
+    """Issue 30, finding 4: the forward proxy (plain and in a tunnel) passed Upgrade on and
+    relayed the backend's 101. Now 400, the frontends' message, nothing sent upstream."""
+    plain = setup.plain
+    authority = f"{plain.host}:{plain.port}".encode()
+    one = setup.routers["CloudOne"]
+    before = len(switching(one))
+    plain.clear()
+    connections = plain.connections
+    head = b"GET http://%s/v3/ws HTTP/1.1\r\nHost: %s\r\n%s\r\n" % (authority, authority, fields)
+    reply = raw_exchange(*setup.proxy, head)
+    assert reply.status == 400, reply
+    assert "the router does not switch protocols" in reply.error_message()
+    head = b"GET /v3/ws HTTP/1.1\r\nHost: %s\r\n%s\r\n" % (authority, fields)
+    reply = in_tunnel(setup, (plain.host, plain.port), head)
+    assert reply.status == 400, reply
+    assert "the router does not switch protocols" in reply.error_message()
+    deadline = time.monotonic() + 5
+    while len(switching(one)) < before + 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(switching(one)) == before + 2  # one access line each
+    time.sleep(0.3)
+    assert not plain.requests and plain.connections == connections, plain.requests
+    # Upgrade without "Connection: upgrade" asks for nothing: passed without the field.
+    reply = raw_exchange(
+        *setup.proxy,
+        b"GET http://%s/v3/alone HTTP/1.1\r\nHost: %s\r\nUpgrade: websocket\r\n\r\n"
+        % (authority, authority),
+    )
+    assert reply.status == 200, reply
+    [got] = plain.requests
+    assert got.values(b"upgrade") == [], got
+
+
+def test_what_is_not_tls_in_a_tunnel_is_answered_400_at_once(setup: Setup) -> None:
+    """Issue 30, finding 8: bytes without a line end after a CONNECT 200 waited for a head,
+    and got 408 after header_timeout (10 s). Now the first bytes of a tunnel must begin a TLS
+    ClientHello: anything else is 400 at once, logged, never passed on (plain HTTP too: it
+    goes to the proxy itself, in absolute-form)."""
+    one = setup.routers["CloudOne"]
+    target = f"{setup.plain.host}:{setup.plain.port}"
+    setup.plain.clear()
+    connections = setup.plain.connections
+    for then in (
+        b"\x00\x01\x02 not a ClientHello, no line end",
+        b"GET /v3/x HTTP/1.1\r\nHost: %s\r\n\r\n" % target.encode(),
+        b"\x16\x01",  # not TLS from its second byte
+    ):
+        sock, head = connect(setup.proxy, target)
+        with sock:
+            assert head.startswith(b"HTTP/1.1 200 "), head
+            started = time.monotonic()
+            got = exchange(sock, then, timeout=5)
+            took = time.monotonic() - started
+        assert got.startswith(b"HTTP/1.1 400 "), (then, got)
+        assert b"carries TLS only" in got and b"application/json" in got, got
+        assert took < 4, took  # at once, then closed after lingering (2 s)
+    one.wait_for_access(count=3, path=target, status=400)
+    assert not setup.plain.requests and setup.plain.connections == connections
+
+
+def test_a_tunnel_without_a_handshake_in_header_timeout_is_closed(setup: Setup) -> None:
+    """A tunnel with no byte, or a ClientHello that stops half-way, stayed open for as long
+    as the client liked (a connection held for nothing). Now, as a head not complete in
+    time on the frontends: closed after header_timeout (10 s here), logged as a 408."""
+    one = setup.routers["CloudOne"]
+    target = f"{setup.plain.host}:{setup.plain.port}"
+    hello = ssl.create_default_context().wrap_bio(
+        ssl.MemoryBIO(), outgoing := ssl.MemoryBIO(), server_hostname=setup.plain.host
+    )
+    with pytest.raises(ssl.SSLWantReadError):
+        hello.do_handshake()
+    partial = outgoing.read()[:40]
+    tunnels = []
+    for first in (b"", partial):
+        sock, head = connect(setup.proxy, target)
+        assert head.startswith(b"HTTP/1.1 200 "), head
+        sock.sendall(first)
+        tunnels.append(sock)
+    started = time.monotonic()
+    for sock in tunnels:
+        with sock:
+            sock.settimeout(20)
+            assert sock.recv(100) == b""  # closed, nothing passed on or answered
+    took = time.monotonic() - started
+    assert 8 < took < 14, took
+    timed_out = one.wait_for_access(count=2, path=target, status=408)
+    assert len(timed_out) == 2, timed_out
+    assert "TLS handshake was not complete after 10s" in timed_out[0]["reason"]
+
+
+def test_a_tls_clienthello_in_pieces_is_still_intercepted(setup: Setup) -> None:
+    """The first byte of a ClientHello alone does not decide: the next ones do."""
+    hello = ssl.create_default_context(cafile=str(setup.proxy_ca))
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    host, port = setup.plain.host, setup.plain.port
+    tls = hello.wrap_bio(incoming, outgoing, server_hostname=host)
+    sock, head = connect(setup.proxy, f"{host}:{port}")
+    with sock:
+        assert head.startswith(b"HTTP/1.1 200 "), head
+        with pytest.raises(ssl.SSLWantReadError):
+            tls.do_handshake()
+        first = outgoing.read()
+        sock.sendall(first[:1])
+        time.sleep(0.3)
+        sock.sendall(first[1:])
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                if data := outgoing.read():
+                    sock.sendall(data)
+                chunk = sock.recv(65536)
+                assert chunk, "the proxy closed the tunnel"
+                incoming.write(chunk)
+        if data := outgoing.read():
+            sock.sendall(data)
+        cert = tls.getpeercert(binary_form=True)
+        assert cert is not None
+        assert pki.addresses_of(x509.load_der_x509_certificate(cert)) == {host}
+
+
+def spellings(name: str, count: int) -> list[str]:
+    """`count` different upper/lower case spellings of `name` (bits of i pick the case)."""
+    found = []
+    for i in range(count):
+        found.append("".join(c.upper() if i >> n & 1 else c for n, c in enumerate(name)))
+    return found
+
+
+def test_every_spelling_of_a_catalog_host_gets_its_one_certificate(setup: Setup) -> None:
+    """Issue 30, finding 6: the certificates were kept by the host as typed: 3,000 case
+    spellings of one catalog name made 3,000 certificates. Now one per catalog host, whatever
+    the spelling (case, a trailing dot), and a request in such a tunnel is routed."""
+    one = setup.routers["CloudOne"]
+    port = setup.named.port
+    names = spellings("localhost", 40)
+
+    def certificates(names: list[str]) -> set[bytes]:
+        ders = set()
+        for name in names:
+            with open_tunnel(
+                setup.proxy, (name, port), setup.proxy_ca, server_hostname=name.rstrip(".")
+            ) as sock:
+                der = sock.getpeercert(binary_form=True)
+                assert der is not None
+                ders.add(der)
+        return ders
+
+    ders = certificates(names)
+    assert len(ders) == 1, len(ders)  # d265555: 40
+    made = "the forward proxy made an interception certificate for localhost "
+    assert one.wait_for_log(made).count(made) == 1  # (the log is written a moment later)
+    # A trailing dot is the same host (it was a 403: not the catalog's spelling).
+    assert certificates(["localhost.", "LOCALHOST."]) == ders
+    time.sleep(0.3)
+    assert one.log_text().count(made) == 1
+    cert = x509.load_der_x509_certificate(ders.pop())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == ["localhost"]
+    # Routed as the catalog's host: the request reaches the compute backend.
+    setup.named.clear()
+    reply = in_tunnel(
+        setup,
+        ("LocalHost.", port),
+        b"GET /spelled HTTP/1.1\r\nHost: LOCALHOST:%d\r\n\r\n" % port,
+        server_hostname="localhost",
+    )
+    assert reply.status == 200, reply
+    [got] = setup.named.requests
+    assert got.target == b"/spelled"
 
 
 def test_a_ca_key_others_may_read_stops_the_router_with_a_clear_error(

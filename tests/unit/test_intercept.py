@@ -5,13 +5,20 @@ reload that would change the CA (refused: a restart applies it)."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
+import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
+from mitmproxy import exceptions, options, tls
+from mitmproxy.proxy import events, layer
+from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.mode_specs import ProxyMode
 from mitmproxy.test import tflow
 
@@ -19,7 +26,7 @@ from scoperouter import pki
 from scoperouter.catalog import Catalog
 from scoperouter.config import build_catalog
 from scoperouter.errors import ConfigError
-from scoperouter.proxy.forward import intercept
+from scoperouter.proxy.forward import guard, intercept
 from scoperouter.proxy.forward.addon import ForwardAddon
 from scoperouter.proxy.forward.intercept import Certificates, Interception, signing_ca
 from scoperouter.router.config import RouterConfig
@@ -152,3 +159,229 @@ def test_a_reload_that_changes_the_ca_needs_a_restart(ca_files: tuple[Path, Path
     before = listener_signature(listeners_for(build_catalog(plain), "CloudOne"))
     after = listener_signature(listeners_for(build_catalog(intercepting(ca_files)), "CloudOne"))
     assert before != after
+
+
+# ------------------------------------------------------------- issue 30: hosts and tunnels
+
+
+@pytest.mark.parametrize(
+    ("typed", "normal"),
+    [
+        ("KeyStone.Example.", "keystone.example"),
+        ("[::1]", "::1"),
+        ("[FE80::1]", "fe80::1"),
+        ("127.0.1.2", "127.0.1.2"),
+        ("BÜCHER.example", "bücher.example"),
+        (".", "."),
+    ],
+)
+def test_hosts_are_known_as_the_catalog_writes_them(typed: str, normal: str) -> None:
+    assert intercept.normal_host(typed) == normal
+
+
+def test_the_catalogs_own_spelling_of_an_internationalised_name() -> None:
+    data: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
+    image = data["clouds"]["CloudOne"]["services"]["image"]["public"]
+    image["backend"] = "http://bücher.example:9292"
+    catalog = build_catalog(data)
+    for typed in ("XN--BCHER-KVA.example.", "bücher.example", "BÜCHER.EXAMPLE"):
+        assert intercept.catalog_host(typed, 9292, catalog) == "bücher.example", typed
+    data["clouds"]["CloudOne"]["services"]["image"]["public"]["backend"] = (
+        "http://xn--bcher-kva.example:9292"
+    )
+    catalog = build_catalog(data)
+    assert intercept.catalog_host("Bücher.example", 9292, catalog) == "xn--bcher-kva.example"
+    assert intercept.catalog_host("Other.Example.", 1, catalog) == "other.example"
+
+
+def test_every_spelling_of_a_host_shares_one_certificate(
+    ca_files: tuple[Path, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 30, finding 6: 3,000 case spellings of one catalog name made 3,000 certificates."""
+    data = intercepting(ca_files)
+    data["clouds"]["CloudOne"]["services"]["image"]["public"]["backend"] = (
+        "http://glance.cloudone.example:9292"
+    )
+    catalog = build_catalog(data)
+    ca = signing_ca(catalog, "CloudOne", "f.yaml")
+    assert ca is not None
+    interception = Interception(Certificates(ca), catalog, "CloudOne")
+    name = "glance.cloudone.example"
+    letters = [n for n, c in enumerate(name) if c.isalpha()]
+    spellings = {
+        "".join(
+            name[n].upper() if n in letters and i >> letters.index(n) & 1 else name[n]
+            for n in range(len(name))
+        )
+        for i in range(3000)
+    }
+    assert len(spellings) == 3000
+    with caplog.at_level(logging.INFO, logger="scoperouter"):
+        certs = {id(interception.certificate(s, 9292)) for s in spellings}
+        certs.add(id(interception.certificate(name.upper() + ".", 9292)))
+    assert len(certs) == 1 and interception.certificates.made == 1
+    assert len(interception.certificates) == 1
+    cert = interception.certificate(name, 9292)
+    assert cert is not None
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == [name]
+    made = [r for r in caplog.records if "made an interception certificate" in r.getMessage()]
+    assert [r.getMessage() for r in made] == [intercept.MADE_MESSAGE % (name, 1)]
+
+
+def test_an_internationalised_name_is_certified_as_its_a_label(
+    ca_files: tuple[Path, Path],
+) -> None:
+    made = Certificates(pki.load_signing_ca(*ca_files))
+    cert = made.get("Bücher.Example")
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == ["xn--bcher-kva.example"]
+    assert made.get("bücher.example.") is cert
+
+
+def tunnel_addon(ca_files: tuple[Path, Path], tmp_path: Path) -> ForwardAddon:
+    path = tmp_path / "f.yaml"
+    path.write_text(yaml.safe_dump(intercepting(ca_files)))
+    config = RouterConfig()
+    config.load(str(path), "CloudOne")
+    return ForwardAddon(pipeline(config))
+
+
+def connected(addon: ForwardAddon, host: str, port: int) -> Any:
+    flow = tflow.tflow()
+    flow.client_conn.proxy_mode = ProxyMode.parse("regular@127.0.0.2:3128")
+    flow.request.method = "CONNECT"
+    flow.request.data.host, flow.request.port = host, port
+    addon.http_connect(flow)
+    return flow
+
+
+def test_a_tunnel_is_known_by_the_catalogs_spelling(
+    ca_files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    addon = tunnel_addon(ca_files, tmp_path)
+    flow = connected(addon, "[127.0.1.2]", 9292)
+    assert flow.response is None and flow.request.host == "127.0.1.2"
+    assert addon.tunnels[flow.client_conn.id] == ("127.0.1.2", 9292)
+    addon.client_disconnected(flow.client_conn)
+    assert not addon.tunnels
+    refused = connected(addon, "127.0.1.9", 443)
+    assert refused.response.status_code == 403 and not addon.tunnels
+
+
+def in_tunnel(addon: ForwardAddon, tunnel_flow: Any, head: dict[str, Any]) -> Any:
+    """A request inside the tunnel of `tunnel_flow`, as mitmproxy's transparent HTTP layer
+    makes it (host and port the tunnel's, an absolute-form target's authority kept)."""
+    flow = tflow.tflow()
+    flow.client_conn = tunnel_flow.client_conn
+    request = flow.request
+    request.scheme, request.data.host, request.port = "https", *addon.tunnels[flow.client_conn.id]
+    request.path = head.get("path", "/v2/images")
+    request.data.authority = head.get("authority", b"")
+    request.headers.clear()
+    if "host" in head:
+        request.headers["Host"] = head["host"]
+    asyncio.run(addon.requestheaders(flow))
+    return flow
+
+
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        ({"authority": b"127.0.8.99:80", "host": "127.0.8.99"}, 421),
+        ({"authority": b"127.0.8.99:80", "host": "127.0.1.2:9292"}, 421),
+        ({"authority": b"127.0.1.2", "host": "127.0.1.2:9292"}, 421),  # 443 implied
+        ({"authority": b"127.0.1.2:9292x"}, 421),
+        ({"host": "127.0.8.99"}, 421),
+        ({"host": "127.0.1.2:9293"}, 421),
+        ({"host": "127.0.1.2"}, 421),
+        ({"authority": b"127.0.1.2:9292", "host": "127.0.1.2:9292"}, None),
+        ({"authority": b"127.0.1.2:9292"}, None),
+        ({"host": "127.0.1.2:9292"}, None),
+        ({}, None),
+    ],
+)
+def test_the_frontends_target_rule_holds_in_a_tunnel(
+    ca_files: tuple[Path, Path], tmp_path: Path, head: dict[str, Any], status: int | None
+) -> None:
+    """Issue 30, finding 3: reduced to origin-form when it names the tunnel, 421 otherwise."""
+    addon = tunnel_addon(ca_files, tmp_path)
+    flow = in_tunnel(addon, connected(addon, "127.0.1.2", 9292), head)
+    if status is None:
+        assert flow.response is None
+        assert flow.request.data.authority == b""  # origin-form upstream
+        assert flow.request.headers["host"] == "127.0.1.2:9292"
+        assert flow.request.port == 9292 and flow.request.path == "/v2/images"
+    else:
+        assert flow.response is not None and flow.response.status_code == status
+        assert (
+            "this is a tunnel to 127.0.1.2:9292"
+            in json.loads(flow.response.content or b"")["error"]["message"]
+        )
+
+
+def test_no_tunnel_rule_outside_a_tunnel(ca_files: tuple[Path, Path], tmp_path: Path) -> None:
+    """A plain forward-proxy request is not in a tunnel: the rule is not applied."""
+    addon = tunnel_addon(ca_files, tmp_path)
+    flow = tflow.tflow()
+    flow.client_conn.proxy_mode = ProxyMode.parse("regular@127.0.0.2:3128")
+    flow.request.scheme, flow.request.host, flow.request.port = "http", "127.0.1.3", 9292
+    flow.request.path = "/v2/images"
+    flow.request.headers.clear()
+    flow.request.headers["Host"] = "127.0.1.3:9292"
+    asyncio.run(addon.requestheaders(flow))
+    assert flow.response is None
+
+
+def test_the_first_bytes_of_a_tunnel_decide(ca_files: tuple[Path, Path], tmp_path: Path) -> None:
+    """Issue 30, finding 8: TLS is left to mitmproxy; anything else gets the refusing layer."""
+    addon = tunnel_addon(ca_files, tmp_path)
+    tunnel_flow = connected(addon, "127.0.1.2", 9292)
+    tunnel_flow.client_conn.tls = False  # no handshake yet
+
+    def decided(data: bytes, client: Any = tunnel_flow.client_conn) -> Any:
+        nextlayer = layer.NextLayer(Context(client, options.Options()))
+        nextlayer.events.append(events.DataReceived(client, data))
+        addon.next_layer(nextlayer)
+        return nextlayer.layer
+
+    assert decided(b"\x16\x03\x01\x02\x00") is None  # a ClientHello: mitmproxy's NextLayer
+    with pytest.raises(exceptions.AddonHalt):
+        decided(b"\x16")  # not enough to tell: nobody decides yet
+    for data in (b"GET / HTTP/1.1\r\n", b"\x00\x01", b"SSH-2.0-x"):
+        refusing = decided(data)
+        assert refusing is not None and type(refusing).__name__ == "_Refusing"
+        assert refusing.where == "127.0.1.2:9292" and refusing.status == 400
+    other = tflow.tclient_conn()
+    other.tls = False
+    assert decided(b"GET / HTTP/1.1\r\n", other) is None  # not a tunnel: mitmproxy decides
+
+
+def test_a_tunnel_must_finish_its_handshake_in_header_timeout(
+    ca_files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A tunnel with no handshake (or half of one) was held open for ever; now the sweep
+    closes it after header_timeout, reported as a 408."""
+    addon = tunnel_addon(ca_files, tmp_path)
+    refusals: list[guard.Refusal] = []
+    guard.set_refusal_handler(refusals.append)
+    try:
+        slow = connected(addon, "127.0.1.2", 9292)
+        done = connected(addon, "127.0.1.2", 9292)
+        assert set(addon.handshakes) == {slow.client_conn.id, done.client_conn.id}
+        context = Context(done.client_conn, options.Options())
+        addon.tls_established_client(tls.TlsData(done.client_conn, context))
+        assert set(addon.handshakes) == {slow.client_conn.id}
+        addon.sweep(time.monotonic() + 9)  # not yet
+        assert not refusals
+        addon.sweep(time.monotonic() + 11)  # closed (no master here: the report shows it)
+        [refusal] = refusals
+        assert (refusal.status, refusal.path, refusal.client) == (
+            408,
+            "127.0.1.2:9292",
+            slow.client_conn,
+        )
+        assert "TLS handshake was not complete after 10s" in refusal.message
+        assert not addon.handshakes
+    finally:
+        guard.set_refusal_handler(None)

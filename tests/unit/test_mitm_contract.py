@@ -484,3 +484,136 @@ def test_intercepted_handshakes_get_the_routers_certificate(tmp_path: Path) -> N
             assert (
                 theirs.issuer != ca.cert.subject and "mitmproxy" in theirs.issuer.rfc4514_string()
             )
+
+
+def test_an_upgrade_is_refused_by_the_guarded_server(guarded: None) -> None:
+    """Issue 30, finding 4: as the frontends (llhttp's upgrade: Upgrade and Connection:
+    upgrade), before any hook; Upgrade alone asks for nothing and passes the guard."""
+    for head in (
+        b"GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: h2c\r\nConnection: close, UPGRADE\r\n\r\n",
+    ):
+        conn = Conn()
+        conn.send(head)
+        assert not conn.heads()
+        status, _, body = _parse(conn.sent())
+        assert status == 400 and "does not switch protocols" in body["error"]["message"]
+        assert [r.status for r in conn.refusals] == [400]
+    conn = Conn()
+    conn.send(b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\r\n")
+    assert [r.path for r in conn.heads()] == ["/"] and not conn.sent()
+
+
+def test_a_websocket_needs_an_option_the_router_turns_off() -> None:
+    """Issue 30, finding 4: mitmproxy's websocket layer takes over a 101 only with the
+    ``websocket`` option; the engine turns it off (and raw TCP), so a 101 is never relayed
+    as a protocol switch."""
+    from scoperouter.proxy.forward.engine import BASE_OPTIONS
+
+    assert "self.context.options.websocket" in inspect.getsource(
+        http_layers.HttpStream.send_response
+    )
+    assert "self.context.options.rawtcp" in inspect.getsource(http_layers.HttpStream.flow_done)
+    assert BASE_OPTIONS["websocket"] is False and BASE_OPTIONS["rawtcp"] is False
+    assert options.Options().websocket is True  # on by default: the engine must set it
+
+
+# ----------------------------------------------------------------- 8. tunnels
+
+
+def test_a_tunnel_keeps_an_absolute_form_targets_authority() -> None:
+    """Issue 30, finding 3: inside a tunnel mitmproxy's HTTP layer is in transparent mode:
+    host and port come from the tunnel, and an absolute-form target keeps its authority, which
+    the request line sent upstream is made of; the adapter clears it (origin-form)."""
+    source = inspect.getsource(http_layers.HttpStream.state_wait_for_request_headers)
+    assert "if self.mode is HTTPMode.transparent:" in source
+    assert "self.flow.request.data.host = self.context.server.address[0]" in source
+    assert 'self.flow.request.authority = ""' in source  # regular mode only
+    next_layer_source = inspect.getsource(
+        __import__("mitmproxy.addons.next_layer", fromlist=["NextLayer"]).NextLayer._next_layer
+    )
+    assert "return layers.HttpLayer(context, HTTPMode.transparent)" in next_layer_source
+    from mitmproxy.net.http import http1
+
+    request = tflow.treq(authority=b"127.0.8.99:80", path=b"/x")
+    assert http1.assemble_request_head(request).startswith(b"GET http://127.0.8.99:80/x ")
+    request.data.authority = b""
+    assert http1.assemble_request_head(request).startswith(b"GET /x ")
+
+
+def test_the_connect_address_is_taken_after_the_connect_hook() -> None:
+    """Issue 30, finding 6: the adapter's http_connect sets the request's host to the
+    catalog's spelling; mitmproxy takes the tunnel's address from it after the hook."""
+    source = inspect.getsource(http_layers.HttpStream.handle_connect)
+    hook = source.index("yield HttpConnectHook(self.flow)")
+    address = source.index(
+        "self.context.server.address = (self.flow.request.host, self.flow.request.port)"
+    )
+    assert hook < address
+
+
+def test_next_layer_hook_and_the_tls_test() -> None:
+    """Issue 30, finding 8: what the adapter's next_layer hook relies on."""
+    from mitmproxy.proxy import layer
+
+    source = inspect.getsource(layer.NextLayer._ask)
+    assert "yield NextLayerHook(self)" in source and "if self.layer:" in source
+    assert "for e in self.events:" in source  # what came before the decision is replayed
+    assert "yield from self._ask()" in inspect.getsource(layer.NextLayer._handle_event)
+    assert mitm.NextLayer is layer.NextLayer
+    hello = b"\x16\x03\x01\x02\x00\x01"
+    assert mitm.could_be_tls(hello) and not mitm.could_be_tls(b"GET / HTTP/1.1\r\n")
+    assert not mitm.could_be_tls(b"\x16\x01") and not mitm.could_be_tls(b"\x00")
+    for start in (b"\x16", b"\x16\x03"):  # not enough to tell: the addons after wait
+        with pytest.raises(mitmproxy.exceptions.AddonHalt):
+            mitm.could_be_tls(start)
+    assert "except exceptions.AddonHalt:" in inspect.getsource(mitm.FastAddonManager.trigger_event)
+
+
+def test_the_refusing_layer_answers_lingers_and_closes(guarded: None) -> None:
+    refusals: list[guard.Refusal] = []
+    guard.set_refusal_handler(refusals.append)
+    client = tflow.tclient_conn()
+    refusing = mitm.refuse_layer(Context(client, options.Options()), 400, "not TLS", "h:1")
+    got = list(refusing.handle_event(events.Start()))
+    got += list(refusing.handle_event(events.DataReceived(client, b"\x00garbage")))
+    sent = b"".join(c.data for c in got if isinstance(c, commands.SendData))
+    status, headers, body = _parse(sent)
+    assert (status, body["error"]["message"]) == (400, "not TLS")
+    assert headers["connection"] == "close"
+    assert [type(c) for c in got if not isinstance(c, commands.SendData)] == [
+        commands.CloseTcpConnection,
+        commands.RequestWakeup,
+    ]
+    [wakeup] = [c for c in got if isinstance(c, commands.RequestWakeup)]
+    [closed] = refusing.handle_event(events.Wakeup(wakeup))
+    assert type(closed) is commands.CloseConnection and closed.connection is client
+    assert [(r.status, r.path, r.method) for r in refusals] == [(400, "h:1", "-")]
+
+
+def test_a_finished_client_handshake_is_a_hook_with_its_client() -> None:
+    """The sweep watches a tunnel until ``tls_established_client`` (issue 30, finding 8)."""
+    from mitmproxy.proxy.layers.tls import TlsEstablishedClientHook
+
+    assert TlsEstablishedClientHook.name == "tls_established_client"
+    assert mitm.TlsData is tls.TlsData
+    source = inspect.getsource(tls_layers.TLSLayer.receive_handshake_data)
+    assert "yield TlsEstablishedClientHook(" in source
+    assert "context" in {f.name for f in __import__("dataclasses").fields(tls.TlsData)}
+
+
+def test_a_schemes_case_is_not_an_upstream_failure(guarded: None) -> None:
+    """mitmproxy answered ``GET HTTPS://...`` with 502 (``Invalid request scheme``): the
+    scheme is case-insensitive (RFC 9110 4.2.3); one the proxy does not carry is the
+    client's error, 400."""
+    assert "Invalid request scheme" in inspect.getsource(http_layers.validate_request)
+    conn = Conn()
+    conn.send(b"GET HTTP://x:80/a HTTP/1.1\r\nHost: x:80\r\n\r\n")
+    [request] = conn.heads()
+    assert request.scheme == "http" and not conn.sent()
+    assert http_layers.validate_request(http_layers.HTTPMode.regular, request, True) is None
+    conn = Conn()
+    conn.send(b"GET ftp://x:21/a HTTP/1.1\r\nHost: x:21\r\n\r\n")
+    status, _, body = _parse(conn.sent())
+    assert (status, body["error"]["message"]) == (400, guard.SCHEME_MESSAGE)
+    assert [r.status for r in conn.refusals] == [400] and not conn.heads()

@@ -15,8 +15,17 @@ order:
 * ``error``: the failure worded by :meth:`~Pipeline.failed` (or the client's own fault: it
   went away, 499; its body was malformed, 400, or stopped, 408), then :meth:`~Pipeline.done`;
 * ``http_connect``: a ``CONNECT`` to a catalog destination is intercepted when the cloud has
-  ``proxy.ca`` (:func:`~scoperouter.routing.tunnel`; the requests inside come through the
-  hooks above, ``https`` URLs), anything else refused (403) and logged;
+  ``proxy.ca`` (:func:`~scoperouter.routing.tunnel`, the host in the catalog's spelling:
+  :func:`~.intercept.catalog_host`; the requests inside come through the hooks above,
+  ``https`` URLs), anything else refused (403) and logged;
+* ``next_layer``: the first bytes of an intercepted tunnel must be a TLS ClientHello; anything
+  else is answered 400 at once and the tunnel closed (:func:`~.mitm.refuse_layer`); a
+  handshake not done (``tls_established_client``) within ``header_timeout`` of the
+  ``CONNECT`` closes the tunnel (the sweep), logged as a 408;
+* inside a tunnel, the frontends' rule for the target (:func:`tunnel_target`): an
+  absolute-form target naming the tunnel's own authority is reduced to origin-form, one
+  naming another is refused (421), and so is a ``Host`` that names another; what reaches the
+  upstream is the origin-form target the access log shows;
 * ``server_connect``: the connect timeout starts.
 
 Timeouts are checked by the worker's sweep (:meth:`ForwardAddon.sweep`).
@@ -36,6 +45,7 @@ from mitmproxy.proxy import server_hooks
 
 from scoperouter.errors import Reject, status_title
 from scoperouter.proxy.forward import guard, mitm
+from scoperouter.proxy.forward.intercept import catalog_host, idna_forms, normal_host
 from scoperouter.proxy.forward.timeouts import Deadlines
 from scoperouter.router.failures import (
     CLIENT_GONE,
@@ -78,6 +88,11 @@ class ForwardAddon:
         self.pipeline = pipeline
         self.config = pipeline.config
         self.inflight: dict[str, _Flow] = {}  # client connection id -> its request
+        # client connection id -> the (host, port) of its intercepted tunnel, as the catalog
+        # spells the host: every request on that connection from then on is inside it
+        self.tunnels: dict[str, tuple[str, int]] = {}
+        # client connection id -> when its tunnel's TLS handshake must be done (monotonic)
+        self.handshakes: dict[str, tuple[float, Client]] = {}
 
     # -- lifecycle and connections
 
@@ -93,6 +108,11 @@ class ForwardAddon:
     def client_disconnected(self, client: Client) -> None:
         self.pipeline.metrics.closed()
         self.inflight.pop(client.id, None)
+        self.tunnels.pop(client.id, None)
+        self.handshakes.pop(client.id, None)
+
+    def tls_established_client(self, data: mitm.TlsData) -> None:
+        self.handshakes.pop(data.context.client.id, None)
 
     def busy(self) -> set[str]:
         """Client connections with a request in progress (draining lets them finish)."""
@@ -104,6 +124,24 @@ class ForwardAddon:
         for entry in list(self.inflight.values()):
             with contextlib.suppress(Exception):  # one request must not stop the sweep
                 entry.deadlines.check(entry.state, now_wall, now)
+        for client_id, (deadline, client) in list(self.handshakes.items()):
+            if now >= deadline:
+                with contextlib.suppress(Exception):
+                    self._handshake_too_slow(client_id, client, deadline)
+
+    def _handshake_too_slow(self, client_id: str, client: Client, deadline: float) -> None:
+        """A tunnel whose TLS handshake did not come (or not whole) in ``header_timeout``:
+        closed, as a head not complete in time would be, and logged."""
+        del self.handshakes[client_id]
+        host, port = self.tunnels.get(client_id, ("-", 0))
+        limits = self.config.current().settings.limits
+        message = (
+            f"the tunnel's TLS handshake was not complete after {limits.header_timeout:g}s "
+            "(header_timeout)"
+        )
+        started = deadline - limits.header_timeout
+        guard.report(client, 408, message, "-", f"{host}:{port}", started)
+        mitm.close_client(client_id)
 
     # -- a request
 
@@ -134,6 +172,11 @@ class ForwardAddon:
             headers=state.headers,
             mode="forward",
         )
+        inside = self.tunnels.get(flow.client_conn.id)
+        misdirected = tunnel_target(request, inside) if inside is not None else None
+        if misdirected is not None:
+            _answer(flow, state, misdirected)
+            return
         decision = self.pipeline.route(facts, state)
         if isinstance(decision, FanOut | Failover):
             state.decision = decision
@@ -155,6 +198,8 @@ class ForwardAddon:
             _answer(flow, state, planned)
             return
         entry.plan = planned
+        if "upgrade" in state.headers:  # without "Connection: upgrade" (else refused: 400),
+            del request.headers["upgrade"]  # dropped as the frontends drop it (hop-by-hop)
         if "host" not in state.headers:  # RFC 9112 3.2.2: the target's authority is the Host
             request.headers["Host"] = f"{request.host}:{request.port}"
         request.scheme = planned.scheme
@@ -267,18 +312,90 @@ class ForwardAddon:
 
     def http_connect(self, flow: http.HTTPFlow) -> None:
         request = flow.request
-        reject = tunnel(request.host, request.port, self.config.current(), self.config.cloud)
+        catalog = self.config.current()
+        host = catalog_host(request.host, request.port, catalog)
+        reject = tunnel(host, request.port, catalog, self.config.cloud)
         if reject is None:
-            return  # intercepted: mitmproxy says 200, each request inside is a flow of its own
+            # Intercepted: mitmproxy says 200, each request inside is a flow of its own. The
+            # tunnel's address (mitmproxy takes it from the request after this hook) is the
+            # catalog's spelling: one certificate, one route, whatever the client's.
+            request.data.host = host
+            client = flow.client_conn
+            self.tunnels[client.id] = (host, request.port)
+            timeout = catalog.settings.limits.header_timeout
+            self.handshakes[client.id] = (time.monotonic() + timeout, client)
+            return
         state = new_state(request.method, f"{request.host}:{request.port}", {})
         state.decision = reject
         flow.response = _json_response(reject)
         self.pipeline.done(state, reject.status)
 
+    def next_layer(self, nextlayer: mitm.NextLayer) -> None:
+        """The first layer inside an intercepted tunnel: TLS (left to mitmproxy's NextLayer,
+        which runs after this hook), or a 400 at once for anything else."""
+        context = nextlayer.context
+        inside = self.tunnels.get(context.client.id)
+        if inside is None or nextlayer.layer is not None or context.client.tls:
+            return
+        data = nextlayer.data_client()
+        if mitm.could_be_tls(data):
+            return  # a ClientHello (or the start of one): intercepted
+        where = f"{inside[0]}:{inside[1]}"
+        self.handshakes.pop(context.client.id, None)  # refused now: no deadline to watch
+        nextlayer.layer = mitm.refuse_layer(context, 400, NOT_TLS_MESSAGE, where)
+
     def _finish(self, flow: http.HTTPFlow, entry: _Flow, status: int, error: str | None) -> None:
         self.pipeline.done(entry.state, status, error)
         if self.inflight.get(flow.client_conn.id) is entry:
             del self.inflight[flow.client_conn.id]
+
+
+NOT_TLS_MESSAGE = (
+    "a tunnel through the forward proxy carries TLS only (a ClientHello first): send plain "
+    "HTTP requests to the proxy itself, with an absolute URL"
+)
+
+
+def tunnel_target(request: http.Request, inside: tuple[str, int]) -> Reject | None:
+    """The frontends' rule for a request inside the tunnel to `inside` (host, port): an
+    absolute-form target (RFC 9112 3.2.2) must name the tunnel's own authority, and is then
+    reduced to origin-form (the upstream gets the path the access log shows); one naming
+    another authority, or a ``Host`` field naming another, is misdirected: 421 (RFC 9110
+    15.5.20, 7.4). The port may be left out for 443 (the tunnel carries https)."""
+    host, port = inside
+    authority = request.data.authority
+    if authority:
+        named = authority.decode("utf-8", "surrogateescape")
+        if not _names(named, host, port):
+            return _misdirected("target", named, host, port)
+        request.data.authority = b""  # origin-form upstream: what the access log shows
+    field = request.headers.get("host")
+    if field is not None and not _names(field, host, port):
+        return _misdirected("Host field", field, host, port)
+    return None
+
+
+def _names(authority: str, host: str, port: int) -> bool:
+    """Whether `authority` (``host[:port]``, any spelling) names `host`:`port`."""
+    named, colon, written = authority.rpartition(":")
+    if not colon or "]" in written:  # no port (or an IPv6 address without one)
+        named, written = authority, ""
+    if written and not (written.isascii() and written.isdigit()):
+        return False
+    named_port = int(written) if written else 443
+    if named_port != port:
+        return False
+    named = normal_host(named)
+    return named == host or host in idna_forms(named)
+
+
+def _misdirected(what: str, named: str, host: str, port: int) -> Reject:
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return Reject(
+        421,
+        f"the request's {what} names {named[:200]!r}: this is a tunnel to {where[:210]} "
+        "(send the path, with that authority or none, in the tunnel of the host it is for)",
+    )
 
 
 def _entry(flow: http.HTTPFlow) -> _Flow | None:

@@ -40,7 +40,8 @@ BASE_OPTIONS = {
     "http2": False,  # HTTP/1.1 only: every error response goes through mitm.render_error
     "http3": False,
     "upstream_cert": False,  # an intercepted host's certificate is made without asking it
-    "rawtcp": False,  # what is neither TLS nor HTTP in a tunnel is refused, never passed on
+    "rawtcp": False,  # a tunnel carries TLS only (ForwardAddon.next_layer), never raw TCP
+    "websocket": False,  # no protocol switch: an Upgrade is refused (400) before any hook
 }
 
 
@@ -90,7 +91,8 @@ class ForwardProxy:
             self.interception = Interception(certificates, catalog, config.cloud)
             config.subscribe(self.interception.configure)
             tls = mitm.InterceptingTlsConfig(self.interception.certificate, certificates.key)
-        self.master.addons.add(self.proxyserver, next_layer.NextLayer(), tls, self.addon)
+        # The adapter before NextLayer: its next_layer hook decides a tunnel's first layer.
+        self.master.addons.add(self.proxyserver, self.addon, next_layer.NextLayer(), tls)
         # mitmproxy's CA (TlsConfig needs one) lives and dies in workdir, never in ~/.mitmproxy.
         self.options.update(confdir=str(workdir))
         settings = pipeline.config.current().settings

@@ -6,7 +6,9 @@ heads with its own text, waits for a body forever, and raises ``NotImplementedEr
 chunked body's trailer fields. :class:`GuardedHttp1Server` enforces the router's
 :class:`~scoperouter.catalog.Limits` with the HTTP layer's messages
 (:mod:`scoperouter.http.heads`), drops trailer fields, answers a body that stops arriving with
-408, and reports every refused head to the refusal handler (the pipeline's log and metrics).
+408, refuses a protocol ``Upgrade`` as the frontends do (400: ``Upgrade`` with ``Connection:
+upgrade``), and reports every refused head to the refusal handler (the pipeline's log and
+metrics).
 """
 
 from __future__ import annotations
@@ -192,6 +194,12 @@ class GuardedHttp1Server(_http1.Http1Server):
             return
         try:
             self.request = http1.read_request_head([bytes(x) for x in lines])
+            scheme = self.request.data.scheme.lower()  # RFC 9110 4.2.3: any case
+            if scheme not in (b"", b"http", b"https"):
+                line = _split_request_line(lines[0])
+                yield from self._refuse(400, SCHEME_MESSAGE, line, started)
+                return
+            self.request.data.scheme = scheme
             validate.validate_headers(self.request)
             expected_body_size = http1.expected_http_body_size(self.request)
         except ValueError as exc:
@@ -247,9 +255,20 @@ class GuardedHttp1Server(_http1.Http1Server):
                 return 400, heads.obs_fold(number)
         if _CONTROL.search(b"\n".join(lines)):
             return 400, heads.CONTROL_MESSAGE
-        hosts = [
-            v for n, _, v in (bytes(x).partition(b":") for x in lines[1:]) if n.lower() == b"host"
-        ]
+        hosts: list[bytes] = []
+        upgrade = False
+        connection: list[bytes] = []
+        for line in lines[1:]:
+            name, _, value = bytes(line).partition(b":")
+            name = name.lower()
+            if name == b"host":
+                hosts.append(value)
+            elif name == b"upgrade":
+                upgrade = True
+            elif name == b"connection":
+                connection.append(value)
+        if upgrade and any(b"upgrade" in _options(value) for value in connection):
+            return 400, heads.UPGRADE_MESSAGE  # as the frontends (llhttp's upgrade: both fields)
         if len(hosts) > 1:
             return 400, heads.MANY_HOSTS_MESSAGE
         if hosts and not heads.valid_host(hosts[0].strip(b" \t")):
@@ -291,19 +310,7 @@ class GuardedHttp1Server(_http1.Http1Server):
         method, path = request_line
         if started is None:
             started = self._head_started if self._head_started is not None else time.monotonic()
-        try:
-            _refusal_handler(
-                Refusal(
-                    client=self.context.client,
-                    status=status,
-                    message=message,
-                    method=method,
-                    path=path,
-                    started=started,
-                )
-            )
-        except Exception:  # logging must never break the connection handling
-            logger.exception("reporting a refused request failed")
+        report(self.context.client, status, message, method, path, started)
 
     def _linger(self, event: events.Event) -> layer.CommandGenerator[None]:
         self.buf = type(self.buf)()  # drop what arrived
@@ -314,6 +321,13 @@ class GuardedHttp1Server(_http1.Http1Server):
 
 _split_request_line = heads.split_request_line
 
+
+def _options(value: bytes) -> frozenset[bytes]:
+    """A Connection field's options (none when it is not a list of tokens)."""
+    return heads.connection_tokens(value.strip(b" \t")) or frozenset()
+
+
+SCHEME_MESSAGE = "the forward proxy carries http:// and https:// URLs only"
 BODY_FAILED = "scoperouter: request body "
 """The start of a flow error the guarded server raised for a failed body ("...408: why")."""
 
@@ -333,6 +347,32 @@ class _TrailerDropping:
 
     def read_eof(self) -> Any:
         return self.reader.read_eof()
+
+
+def report(
+    client: Client,
+    status: int,
+    message: str,
+    method: str,
+    path: str,
+    started: float | None = None,
+) -> None:
+    """Tell the refusal handler of a refusal (the guarded server's, and a tunnel's bytes that
+    are not TLS: :func:`~.mitm.refuse_layer`); `started`: time.monotonic() of its first
+    byte, else now."""
+    try:
+        _refusal_handler(
+            Refusal(
+                client=client,
+                status=status,
+                message=message,
+                method=method,
+                path=path,
+                started=time.monotonic() if started is None else started,
+            )
+        )
+    except Exception:  # logging must never break the connection handling
+        logger.exception("reporting a refused request failed")
 
 
 def set_head_limits(limits: Limits) -> None:

@@ -12,7 +12,10 @@ connection upstream is TLS again, verified with ``settings.ca_bundle``.
   once from its file (mode 0600, else the router does not start:
   :func:`scoperouter.pki.load_signing_ca`) and only ever signs.
 * **Bounded**: the certificates are kept in an LRU of :data:`CACHE_SIZE` hosts (a cloud's
-  services call a handful); one past its renewal time is made again.
+  services call a handful); one past its renewal time is made again. A host is known by the
+  catalog's spelling of it (:func:`catalog_host`: any case, a trailing dot, IPv6 brackets, an
+  IDNA A-label for the catalog's U-label or the reverse), so every spelling of one catalog host
+  shares its one certificate.
 * **Only catalog hosts**: a certificate is made only for a host the catalog publishes, checked
   again at the handshake (the ``CONNECT`` was checked first): the router never signs a
   certificate for anything else (a TLS handshake sent to the proxy itself gets mitmproxy's
@@ -37,6 +40,7 @@ from scoperouter.errors import ConfigError
 from scoperouter.routing import tunnel
 
 logger = logging.getLogger("scoperouter")
+MADE_MESSAGE = "the forward proxy made an interception certificate for %s (%d by this worker)"
 
 CACHE_SIZE = 256
 """Hosts whose certificate a worker keeps (least recently used first out)."""
@@ -59,6 +63,52 @@ def signing_ca(catalog: Catalog, cloud: str, source: str) -> pki.SigningCA | Non
         raise ConfigError(f"{source}: clouds.{cloud}.proxy.ca_key", str(exc)) from None
 
 
+def normal_host(host: str) -> str:
+    """`host` as the catalog writes hosts: lower case, without IPv6 brackets or one trailing
+    dot (``KeyStone.Example.`` -> ``keystone.example``, ``[::1]`` -> ``::1``)."""
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host.endswith(".") and len(host) > 1:
+        host = host[:-1]
+    return host.lower()
+
+
+def idna_forms(host: str) -> list[str]:
+    """The other IDNA spelling of `host`: its U-label for an A-label (``xn--...``) and its
+    A-label for a U-label; nothing for a plain ASCII name or one IDNA refuses."""
+    try:
+        if host.isascii():
+            if "xn--" not in host:
+                return []
+            other = host.encode("ascii").decode("idna")
+        else:
+            other = host.encode("idna").decode("ascii")
+    except (UnicodeError, ValueError):
+        return []
+    return [other.lower()] if other.lower() != host else []
+
+
+def catalog_host(host: str, port: int, catalog: Catalog) -> str:
+    """The catalog's own spelling of `host` at `port` when the catalog publishes it in any
+    spelling (:func:`normal_host`, then the other IDNA form), else :func:`normal_host`'s."""
+    normal = normal_host(host)
+    for candidate in (normal, *idna_forms(normal)):
+        if catalog.published(candidate, port):
+            return candidate
+    return normal
+
+
+def _ascii_name(host: str) -> str:
+    """What a certificate names: the A-label of an internationalised name (subjectAltName
+    holds ASCII), any other host as it is."""
+    if host.isascii():
+        return host
+    try:
+        return host.encode("idna").decode("ascii")
+    except UnicodeError:
+        return host
+
+
 class Certificates:
     """The certificates of the hosts a worker intercepts: made on first use, an LRU of
     `size`."""
@@ -75,14 +125,17 @@ class Certificates:
         return len(self._kept)
 
     def get(self, host: str) -> x509.Certificate:
-        """The certificate for `host` (kept, or made now)."""
+        """The certificate for `host` (kept, or made now), one for all its spellings: pass the
+        catalog's (:func:`catalog_host`); any other is normalised first."""
+        host = normal_host(host)
         kept = self._kept.get(host)
         now = datetime.datetime.now(datetime.UTC)
         if kept is not None and kept.not_valid_after_utc - now > RENEW:
             self._kept.move_to_end(host)
             return kept
-        cert = pki.host_certificate(self.ca, self.key, host, self.days)
+        cert = pki.host_certificate(self.ca, self.key, _ascii_name(host), self.days)
         self.made += 1
+        logger.info(MADE_MESSAGE, host[:200], self.made)
         self._kept[host] = cert
         self._kept.move_to_end(host)
         while len(self._kept) > self.size:
@@ -105,7 +158,10 @@ class Interception:
     def certificate(self, host: str | None, port: int | None) -> x509.Certificate | None:
         """The certificate to answer a client's handshake with, in a tunnel to host:port;
         None when that is not a catalog destination (mitmproxy then answers with a
-        certificate nobody trusts)."""
+        certificate nobody trusts). Every spelling of a catalog host gets that host's one
+        certificate (:func:`catalog_host`)."""
+        if host is not None and port is not None:
+            host = catalog_host(host, port, self.catalog)
         if host is None or port is None or tunnel(host, port, self.catalog, self.cloud):
             where = f"{host}:{port}"[:200]
             logger.info("a TLS handshake not in a tunnel to a catalog destination (%s)", where)

@@ -64,6 +64,15 @@ the installed mitmproxy, so an upgrade that changes one fails loudly there, not 
    mitmproxy's own, from the CA it made in the worker's private directory, which nobody
    trusts (as without interception). Everything else (ciphers, ALPN, the upstream side)
    stays mitmproxy's.
+8. **What a tunnel carries** (:func:`could_be_tls`, :func:`refuse_layer`). After a ``CONNECT``
+   mitmproxy asks the ``next_layer`` hook which protocol follows; its ``NextLayer`` addon
+   takes anything that is not TLS for HTTP, whose head the guarded server then waits for
+   (bytes without a line end: a 408 after ``header_timeout``). The adapter's hook runs before
+   that addon (the engine adds it first): bytes that cannot begin a TLS record get
+   :func:`refuse_layer` at once (a layer answering the router's JSON error and closing, its
+   refusal logged and counted like a refused head), and the first bytes of a TLS record not
+   yet long enough to tell (fewer than 3) stop the addons there (``AddonHalt``): the decision
+   waits for the next bytes, as mitmproxy's ``NextLayer`` asks again on each.
 """
 
 from __future__ import annotations
@@ -79,13 +88,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from cryptography import x509
-from mitmproxy import addonmanager, certs, ctx, exceptions, hooks, http
+from mitmproxy import addonmanager, certs, ctx, exceptions, hooks, http, tls
 from mitmproxy import flow as mflow
 from mitmproxy.addons import tlsconfig
 from mitmproxy.connection import Client, Server
 from mitmproxy.master import Master
+from mitmproxy.net import tls as net_tls
+from mitmproxy.proxy import commands, events, layer, mode_servers
 from mitmproxy.proxy import layers as proxy_layers
-from mitmproxy.proxy import mode_servers
+from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers.http import _http1
 
 from scoperouter.proxy.forward import guard
@@ -377,3 +388,49 @@ class InterceptingTlsConfig(tlsconfig.TlsConfig):
         if cert is None:  # mitmproxy's own, from the worker's throwaway CA that nobody trusts
             return super().get_cert(conn_context)
         return certs.CertStoreEntry(certs.Cert(cert), self.key, None, [])
+
+
+# --------------------------------------------------------------------------- 8. tunnels
+
+NextLayer = layer.NextLayer
+TlsData = tls.TlsData  # what the tls_established_client hook gets (.context.client)
+"""What the ``next_layer`` hook gets: ``.context``, ``.layer`` (set it to decide),
+``.data_client()`` (the bytes the client sent so far)."""
+
+
+def could_be_tls(data: bytes) -> bool:
+    """Whether `data`, the first bytes of a tunnel, begin a TLS record (a ClientHello); with
+    fewer than 3 bytes that still could, the ``next_layer`` hook stops every addon after it
+    (:class:`~mitmproxy.exceptions.AddonHalt`), so nothing decides until more bytes come."""
+    if len(data) >= 3:
+        return net_tls.starts_like_tls_record(data)
+    if b"\x16\x03".startswith(data):
+        raise exceptions.AddonHalt()  # the next bytes decide
+    return False
+
+
+def refuse_layer(context: Context, status: int, message: str, where: str) -> layer.Layer:
+    """A layer that answers the client `status` with the router's JSON error, half-closes,
+    drops what still comes for :data:`guard.LINGER_SECONDS` and closes; the refusal is
+    reported once (the access log and metrics, as a refused head: path `where`)."""
+    return _Refusing(context, status, message, where)
+
+
+class _Refusing(layer.Layer):
+    def __init__(self, context: Context, status: int, message: str, where: str) -> None:
+        super().__init__(context)
+        self.status, self.message, self.where = status, message, where
+        self.answered = False
+
+    def _handle_event(self, event: events.Event) -> layer.CommandGenerator[None]:
+        client = self.context.client
+        if not self.answered:
+            self.answered = True
+            yield commands.SendData(client, guard.error_page(self.status, self.message))
+            yield commands.CloseTcpConnection(client, half_close=True)
+            yield commands.RequestWakeup(guard.LINGER_SECONDS)
+            guard.report(client, self.status, self.message, "-", self.where)
+        elif isinstance(event, events.Wakeup) or (
+            isinstance(event, events.ConnectionClosed) and event.connection == client
+        ):
+            yield commands.CloseConnection(client)
