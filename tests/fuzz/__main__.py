@@ -284,7 +284,9 @@ class Harness:
     # -- the run
 
     async def run(self) -> None:
-        """Each selected family in turn."""
+        """Each selected family in turn (the osb family's first Ansible runs started first)."""
+        if self.osb is not None and self.args.only is None:
+            await self.osb.prime(self.families["osb"])
         for name, family in self.families.items():
             if name == "raw":
                 await self.run_raw(family)

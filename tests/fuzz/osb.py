@@ -110,8 +110,9 @@ def generate(seed: int, n: int, ids: dict[str, str], canary: str, known: list[st
             rng, canary, products, 200
         )
     base = {**ids, "organization_guid": "org", "space_guid": "space", "context": context}
-    if kind < 0.25:  # a provision the schema accepts: a run
-        content = _value(rng, canary, products, 100)
+    if kind < 0.25:  # a provision the schema accepts: a run (some without a template, so
+        # that runs happen even where a broker refuses templates outright)
+        content = _value(rng, canary, products, 100) if rng.random() < 0.85 else f"plain {n} é"
         params: dict[str, Any] = {"content": content}
         if rng.random() < 0.5:
             params["password"] = _value(rng, canary, products, 5000)
