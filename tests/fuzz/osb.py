@@ -36,7 +36,7 @@ class OsbInput:
     body: Any  # JSON, or bytes sent as is
     run: bool  # expected to start an Ansible run
     products: list[str] = field(default_factory=list)  # results that must never appear
-    content: str | None = None  # what the instance's file must hold after a provision
+    content: str | None = None  # what the instance's file holds once it succeeded
 
 
 def _payload(rng: random.Random, canary: str, products: list[str]) -> str:
@@ -123,7 +123,7 @@ def generate(seed: int, n: int, ids: dict[str, str], canary: str, known: list[st
         content = _value(rng, canary, products, 100)
         body = {"service_id": ids["service_id"], "parameters": {"content": content}}
         path = f"/v2/service_instances/{instance}?accepts_incomplete=true"
-        return OsbInput(n, "PATCH", path, body, instance in known, products, None)
+        return OsbInput(n, "PATCH", path, body, instance in known, products, content)
     if kind < 0.42:  # a binding: a run when its role is in the enum and its instance exists
         role = rng.choice(["reader", "writer", _value(rng, canary, products, 100)])
         body = {**ids, "bind_resource": {"app_guid": _value(rng, canary, products, 80)}}

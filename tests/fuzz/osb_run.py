@@ -45,6 +45,8 @@ class OsbFamily:
         self.products: dict[str, int] = {}  # a template's result that must never appear: input
         self.statuses: dict[str, int] = {}
         self.primed: set[int] = set()
+        self.expected: dict[str, tuple[int, str]] = {}  # instance: (input, content) last written
+        self.states: dict[int, str] = {}  # input: how its operation ended
 
     def start(self) -> None:
         """Start the broker (returns at once: :meth:`ready` waits for it)."""
@@ -219,7 +221,10 @@ class OsbFamily:
         if problem := osb.evaluated(text, item.products, self.home):
             family.violation(self.seed, n, f"the answer holds {problem}: {text[:200]!r}")
         if status == 202 and item.content is not None:
-            self.known.append(item.path.split("/")[3].partition("?")[0])
+            # the last accepted write of an instance's file (one at a time: 422 otherwise)
+            instance = item.path.split("/")[3].partition("?")[0]
+            self.known += [instance] if item.method == "PUT" else []
+            self.expected[instance] = (n, item.content)
         if status == 202:
             poll = item.path.partition("?")[0] + "/last_operation"
             self.operations.append((n, poll, item))
@@ -237,8 +242,7 @@ class OsbFamily:
                 text = r.text
                 if problem := osb.evaluated(text, item.products, self.home):
                     family.violation(self.seed, n, f"its operation says {problem}: {text[:300]!r}")
-                if item.content is not None and r.json().get("state") == "succeeded":
-                    self._check_file(family, n, poll.split("/")[3], item.content)
+                self.states[n] = str(r.json().get("state")) if r.status_code == 200 else text
             pending = still
             if pending:
                 await asyncio.sleep(0.5)
@@ -247,16 +251,21 @@ class OsbFamily:
                 self.seed, n, f"its operation still in progress after {OPERATION_TIMEOUT:g} s"
             )
 
-    def _check_file(self, family: Family, n: int, instance: str, content: str) -> None:
-        path = self.work / "cloud" / f"osb-{instance}"
-        got = path.read_text(errors="replace") if path.exists() else "(no file)"
-        if got != content:
-            family.violation(
-                self.seed, n, f"the instance's file holds {got[:120]!r}, not {content[:120]!r}"
-            )
+    def _check_files(self, family: Family) -> None:
+        """Each instance's file holds the content of its last write, when that succeeded."""
+        for instance, (n, content) in self.expected.items():
+            if self.states.get(n) != "succeeded":
+                continue
+            path = self.work / "cloud" / f"osb-{instance}"
+            got = path.read_text(errors="replace") if path.exists() else "(no file)"
+            if got != content:
+                family.violation(
+                    self.seed, n, f"the instance's file holds {got[:120]!r}, not {content[:120]!r}"
+                )
 
     def check(self, family: Family) -> None:
         """After every operation: the canary, evaluated results in the pack's files, the log."""
+        self._check_files(family)
         for canary in sorted(Path(self.canary).parent.glob(Path(self.canary).name + "*")):
             n = int(canary.name.removeprefix(Path(self.canary).name))
             family.violation(self.seed, n, f"the canary {canary} exists: its command ran")
