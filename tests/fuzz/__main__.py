@@ -406,9 +406,11 @@ class Harness:
     def finish(self) -> None:
         """The families' counts, broken invariants and minimum gates into the report."""
         report = self.report
+        gates = []
         for name, family in self.families.items():
             gate = None if self.args.only is not None else fam.minimum_gate(family)
-            report.violations += family.violations + ([gate] if gate else [])
+            gates += [gate] if gate else []
+            report.violations += family.violations
             report.inputs += family.inputs
             report.seconds += family.elapsed
             report.per_family[name] = {
@@ -417,8 +419,10 @@ class Harness:
                 "seconds": round(family.elapsed, 1),
                 "share_seconds": round(family.seconds, 1) if family.seconds < 1e9 else None,
                 "violations": len(family.violations) + (1 if gate else 0),
+                "first_broken_input": family.first_broken,
                 **family.figures,
             }
+        report.violations[:0] = gates  # first: they say the run proved nothing
 
     def _check_received(
         self, received: Received, access: dict[Any, list[dict[str, Any]]], cloud: str
@@ -499,8 +503,15 @@ def print_report(report: Report) -> None:
     for key, numbers in report.examples.items():
         print(f"    {key}, e.g. inputs {numbers} (--family raw --only N --show)")
     print(f"  invariants broken: {len(report.violations)}")
-    for line in report.violations[:30]:
-        print(f"    {line}")
+    shown: Counter[str] = Counter()  # at most 12 lines of each family
+    for line in report.violations:
+        family = line[1:].partition("]")[0] if line.startswith("[") else "raw"
+        shown[family] += 1
+        if shown[family] <= 12:
+            print(f"    {line}")
+    for family, count in shown.items():
+        if count > 12:
+            print(f"    [{family}] ... and {count - 12} more (--json F has them all)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,10 +38,13 @@ class Family:
     elapsed: float = 0.0
     violations: list[str] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)
+    first_broken: int | None = None  # the lowest input that broke an invariant: how soon
 
     def violation(self, seed: int, n: int | None, text: str) -> None:
         """A broken invariant, said with what reproduces it."""
         where = f"input {n} " if n is not None else ""
+        if n is not None and (self.first_broken is None or n < self.first_broken):
+            self.first_broken = n
         again = f" (--family {self.name} --seed {seed} --only {n} --show)" if n is not None else ""
         self.violations.append(f"[{self.name}] {where}{text}{again}")
 
