@@ -35,7 +35,8 @@ class OsbFamily:
         self.work = work / "broker"
         self.work.mkdir()
         self.seed, self.max_runs, self.concurrency = seed, runs, concurrency
-        self.canary = f"/tmp/srfz{os.getpid()}c"
+        # in the one folder a run may write to (a sandboxed run could not reach /tmp's)
+        self.canary = str(self.work / "cloud" / "c")
         self.home = str(self.work / f"home-{seed}-marker")
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
@@ -66,6 +67,8 @@ class OsbFamily:
                             "pack": str(self.work / "pack"),
                             "work_dir": str(self.work / "runs"),
                             "synchronous_seconds": 0,
+                            # where the pack writes, for a broker that sandboxes its runs
+                            "sandbox_writable": [str(self.work / "cloud")],
                         }
                     },
                     "log_level": "INFO",
@@ -267,7 +270,8 @@ class OsbFamily:
         """After every operation: the canary, evaluated results in the pack's files, the log."""
         self._check_files(family)
         for canary in sorted(Path(self.canary).parent.glob(Path(self.canary).name + "*")):
-            n = int(canary.name.removeprefix(Path(self.canary).name))
+            number = canary.name.removeprefix(Path(self.canary).name)
+            n = int(number) if number.isdigit() else None
             family.violation(self.seed, n, f"the canary {canary} exists: its command ran")
             canary.unlink()
         for path in sorted((self.work / "cloud").glob("*")):
