@@ -233,8 +233,9 @@ class OsbFamily:
             self.operations.append((n, poll, item))
 
     async def _wait_operations(self, client: httpx.AsyncClient, family: Family) -> None:
-        end = time.monotonic() + OPERATION_TIMEOUT
         pending = list(self.operations)
+        timeout = OPERATION_TIMEOUT + 10 * len(pending)  # a long run queues many
+        end = time.monotonic() + timeout
         while pending and time.monotonic() < end:
             still = []
             for n, poll, item in pending:
@@ -250,9 +251,7 @@ class OsbFamily:
             if pending:
                 await asyncio.sleep(0.5)
         for n, _, _ in pending:
-            family.violation(
-                self.seed, n, f"its operation still in progress after {OPERATION_TIMEOUT:g} s"
-            )
+            family.violation(self.seed, n, f"its operation still in progress after {timeout:g} s")
 
     def _check_files(self, family: Family) -> None:
         """Each instance's file holds the content of its last write, when that succeeded."""

@@ -95,3 +95,23 @@ def test_an_evaluated_template_is_recognised_and_answers_are_osb_json() -> None:
     assert osb.check_answer(400, '{"error": "x"}') is not None  # no description
     assert osb.check_answer(500, '{"description": "x"}') is not None
     assert osb.check_answer(400, "<html>") is not None
+
+
+def test_an_osb_input_is_the_same_request_replayed_alone() -> None:
+    """--only N --show replays input N without the instances an earlier run had made: its
+    request (method, target, body) must not depend on them, only its run flag may."""
+    ids = {"service_id": "s", "plan_id": "p"}
+    for n in range(200):
+        alone = osb.generate(5, n, ids, "/c/c", [])
+        in_run = osb.generate(5, n, ids, "/c/c", ["fo1", "fo2"])
+        if "fo1" in in_run.path or "fo2" in in_run.path:
+            continue  # an update or a binding of an earlier instance
+        assert (alone.method, alone.path, alone.body) == (in_run.method, in_run.path, in_run.body)
+
+
+def test_tunnel_inputs_are_reproducible_and_carry_their_id() -> None:
+    targets = [b"127.0.0.64:1", b"127.0.1.64:2"]
+    for n in range(50):
+        item = tunnel.tunnel_input(9, n, targets)
+        assert item == tunnel.tunnel_input(9, n, targets)
+        assert item.target in targets
