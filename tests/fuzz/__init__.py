@@ -14,4 +14,11 @@ backends, and the same bytes to HAProxy in front of another. What must always ho
 
 How HAProxy treats the same bytes is reported beside (forwarded by both, refused by both,
 refused by the router only, forwarded by the router only), with examples.
+
+That is the ``raw`` family; three more run after it, each with its own invariants and a minimum
+number of inputs (:mod:`.families`): ``tunnel`` (the same bytes inside TLS tunnels the forward
+proxy intercepts, :mod:`.tunnel`), ``scope`` (``&``/``|`` scopes on list reads: backend
+requests per client request at most the distinct clouds named, memory back to its level,
+:mod:`.scopes`) and ``osb`` (hostile parameters at a broker running an Ansible pack: no
+template evaluated, no canary file, :mod:`.osb`).
 """

@@ -1,8 +1,15 @@
-"""``python -m tests.fuzz``: fuzzed raw requests at real routers and at HAProxy, invariants checked.
+"""``python -m tests.fuzz``: fuzzed requests at routers, HAProxy and a broker; invariants checked.
 
-    python -m tests.fuzz --seconds 120                 # the CI-sized run (.ci/run)
-    python -m tests.fuzz --inputs 1000000 --json f.json  # the long run, by hand (~15 min)
-    python -m tests.fuzz --seed 7 --only 4242 --show   # one input again, its bytes and answers
+    python -m tests.fuzz --seconds 100                   # the CI-sized run (.ci/run)
+    python -m tests.fuzz --inputs 1000000 --json f.json  # the long run, by hand
+    python -m tests.fuzz --family scope --seed 7 --only 42 --show  # one input again
+
+Four families (``--family raw,tunnel,scope,osb``, all by default; :mod:`tests.fuzz.families`),
+one after the other, each with its share of ``--seconds`` and ``--inputs`` and a minimum number
+of inputs it must send (fewer fails the run): ``raw`` (below), ``tunnel`` (the raw inputs inside
+intercepted TLS tunnels, :mod:`tests.fuzz.tunnel`), ``scope`` (``&``/``|`` scopes on list reads,
+:mod:`tests.fuzz.scopes`), ``osb`` (hostile parameters at a broker running an Ansible pack,
+:mod:`tests.fuzz.osb`).
 
 Starts CloudOne's and CloudTwo's routers (2 workers each, loopback, short limits so that every
 deadline is reached quickly), recording backends behind them, and HAProxy (Debian's ``haproxy``,
@@ -20,6 +27,7 @@ import asyncio
 import dataclasses
 import json
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -32,6 +40,9 @@ from typing import Any
 import httptools
 import psutil
 
+from scoperouter import pki
+from tests.fuzz import families as fam
+from tests.fuzz import osb_run, routed, scopes, tunnel
 from tests.fuzz.inputs import CANARY_BODY, CANARY_TRAILER, Input, generate
 from tests.integration.backends import Received, RecordingBackend
 from tests.integration.routers import (
@@ -72,6 +83,7 @@ class Report:
     rss_mb: dict[str, list[float]] = field(default_factory=dict)
     backend_requests: int = 0
     haproxy: str = "not installed"
+    per_family: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class _Responses:
@@ -160,19 +172,45 @@ class Harness:
         self.addresses: dict[str, tuple[str, int]] = {}
         self.compared: list[int] = []  # frontend inputs HAProxy got too (no stall)
         self.done = 0
+        self.families = fam.plan(
+            fam.select(args.family), args.seconds, args.inputs, args.only is not None
+        )
+        self.osb = (
+            osb_run.OsbFamily(work, args.seed, args.osb_runs, min(args.concurrency, 2))
+            if "osb" in self.families
+            else None
+        )
+        self.proxy_ca = work / "proxy-ca.crt"
+        self.tunnel_targets: list[bytes] = []
+        self.deadline, self.idle = DEADLINE, LIMITS["idle_timeout"]
+        self.check_answers, self.send = check_answers, send
 
     # -- processes
 
     def start(self) -> None:
-        one = self.backends["one"] = RecordingBackend("127.0.1.64", "CloudOne", keep_body=64)
-        two = self.backends["two"] = RecordingBackend("127.0.1.65", "CloudTwo", keep_body=64)
+        if self.osb is not None:
+            self.osb.start()  # it gets ready while the routers start and the raw family runs
+        one = self.backends["one"] = RecordingBackend(
+            "127.0.1.64", "CloudOne", keep_body=64, early=scopes.early("CloudOne")
+        )
+        two = self.backends["two"] = RecordingBackend(
+            "127.0.1.65", "CloudTwo", keep_body=64, early=scopes.early("CloudTwo")
+        )
         one.start()
         two.start()
         front_one, front_two, proxy = free_port(ONE), free_port(TWO), free_port(ONE)
+        # CloudOne's forward proxy intercepts TLS with a CA of its own (the tunnel family).
+        ca_cert, ca_key = pki.make_ca(self.work, "proxy-ca")
+        cloud_one = cloud_entry(ONE, {"image": (front_one, "", one.url)}, proxy)
+        cloud_one["proxy"].update(ca=str(ca_cert), ca_key=str(ca_key))
+        self.tunnel_targets = [
+            b"%s:%d" % (ONE.encode(), front_one),
+            b"%s:%d" % (one.host.encode(), one.port),
+        ]
         config = write_config(
             self.work / "federation.yaml",
             {
-                "CloudOne": cloud_entry(ONE, {"image": (front_one, "", one.url)}, proxy),
+                "CloudOne": cloud_one,
                 "CloudTwo": cloud_entry(TWO, {"image": (front_two, "", two.url)}),
             },
             connect_timeout=1.0,
@@ -222,6 +260,9 @@ class Harness:
 
     def stop(self) -> dict[str, int | None]:
         codes = stop_all(self.routers)
+        if self.osb is not None:
+            code = self.osb.stop()  # uvicorn ends on SIGTERM by raising it again: -15
+            codes["broker"] = 0 if code == -signal.SIGTERM else code
         if self.haproxy is not None:
             self.haproxy.terminate()
             try:
@@ -243,12 +284,27 @@ class Harness:
     # -- the run
 
     async def run(self) -> None:
+        """Each selected family in turn (the osb family's first Ansible runs started first)."""
+        if self.osb is not None and self.args.only is None:
+            await self.osb.prime(self.families["osb"])
+        for name, family in self.families.items():
+            if name == "raw":
+                await self.run_raw(family)
+            elif name == "tunnel":
+                await routed.run_tunnel(self, family)
+            elif name == "scope":
+                await routed.run_scope(self, family)
+            else:
+                assert self.osb is not None
+                await self.osb.run(family, self.args.only, self.args.show)
+
+    async def run_raw(self, family: fam.Family) -> None:
         args = self.args
         one = self.backends["one"]
         front = f"{ONE}:{self.addresses['frontend'][1]}".encode()
         backend = f"{one.host}:{one.port}".encode()
         numbers = [args.only] if args.only is not None else None
-        limit = args.inputs if numbers is None else 1
+        limit = family.quota if numbers is None else 1
         semaphore = asyncio.Semaphore(args.concurrency)
         started = time.monotonic()
         warm = min(200, limit // 10)
@@ -270,7 +326,7 @@ class Harness:
         n = numbers[0] if numbers else 0
         pending: set[asyncio.Task[None]] = set()
         while (numbers is None and n < limit) or (numbers is not None and not self.done):
-            if time.monotonic() - started > args.seconds:
+            if time.monotonic() - started > family.seconds:
                 break
             if n == warm and not before:
                 await asyncio.gather(*pending)
@@ -285,8 +341,8 @@ class Harness:
             if numbers is not None:
                 break
         await asyncio.gather(*pending)
-        self.report.seconds = time.monotonic() - started
-        self.report.inputs = self.done
+        family.elapsed = time.monotonic() - started
+        family.inputs = self.done
         await asyncio.sleep(LIMITS["idle_timeout"] + 0.5)  # idle connections close
         after = self.rss()
         self.report.rss_mb = {
@@ -324,7 +380,19 @@ class Harness:
                 access.setdefault(entry.get("request_id"), []).append(entry)
             for received in self.backends[name].requests:
                 report.backend_requests += 1
-                self._check_received(received, access, cloud)
+                n = tunnel.owner(received)
+                if n is None:
+                    report.violations += self._check_received(received, access, cloud)
+                    continue
+                # from a tunnel: the same invariants, and its target and Host as logged
+                family = self.families.get("tunnel")
+                problems = self._check_received(received, access, cloud)
+                if not problems and received.method:
+                    problem = tunnel.check_received(received, access)
+                    problems = [f"{cloud}'s {problem}"] if problem else []
+                for problem in problems:
+                    if family is not None:
+                        family.violation(self.args.seed, n, problem)
             text = logs[cloud].log_text()
             if "Traceback" in text or '"level":"ERROR"' in text:
                 line = next(
@@ -335,30 +403,54 @@ class Harness:
             if before and after - before > 16:
                 report.violations.append(f"{worker}: RSS {before} -> {after} MB")
 
+    def finish(self) -> None:
+        """The families' counts, broken invariants and minimum gates into the report."""
+        report = self.report
+        gates = []
+        for name, family in self.families.items():
+            gate = None if self.args.only is not None else fam.minimum_gate(family)
+            gates += [gate] if gate else []
+            report.violations += family.violations
+            report.inputs += family.inputs
+            report.seconds += family.elapsed
+            report.per_family[name] = {
+                "inputs": family.inputs,
+                "minimum": family.minimum,
+                "seconds": round(family.elapsed, 1),
+                "share_seconds": round(family.seconds, 1) if family.seconds < 1e9 else None,
+                "violations": len(family.violations) + (1 if gate else 0),
+                "first_broken_input": family.first_broken,
+                **family.figures,
+            }
+        report.violations[:0] = gates  # first: they say the run proved nothing
+
     def _check_received(
         self, received: Received, access: dict[Any, list[dict[str, Any]]], cloud: str
-    ) -> None:
+    ) -> list[str]:
+        """What is wrong with a request a backend received."""
+        found: list[str] = []
         if not received.method:
-            return  # a head that never ended (its connection was cut): no request
+            return found  # a head that never ended (its connection was cut): no request
         what = f"{cloud}'s backend got {received.method} {received.target[:120]!r}"
         ids = received.values(b"x-scope-request-id")
         canaries = received.values(CANARY_TRAILER) + received.values(CANARY_BODY)
         if ids and ids[0] in canaries:
             # A trailer's (or a body's) field in the head of the very request it came with. (In
             # another request's head it was parsed as a head: the access log check below.)
-            self.report.violations.append(f"{what} with a field of its own trailer or body")
+            found.append(f"{what} with a field of its own trailer or body")
         if received.trailers:
-            self.report.violations.append(f"{what} with trailer fields {received.trailers}")
+            found.append(f"{what} with trailer fields {received.trailers}")
         hosts = received.values(b"host")
         if len(hosts) != 1 or len(ids) != 1:
-            self.report.violations.append(f"{what} with Host {hosts} and request id {ids}")
-            return
+            found.append(f"{what} with Host {hosts} and request id {ids}")
+            return found
         path = received.target.partition(b"?")[0].decode("latin-1")
         if not any(
             entry.get("method") == received.method and str(entry.get("path", "")).endswith(path)
             for entry in access.get(ids[0].decode("latin-1"), ())
         ):
-            self.report.violations.append(f"{what} that its router's access log does not show")
+            found.append(f"{what} that its router's access log does not show")
+        return found
 
     def _compare(self, n: int, ours: bool, theirs: bool) -> None:
         key = {
@@ -397,20 +489,29 @@ def print_report(report: Report) -> None:
         f"fuzz: {report.inputs:,} inputs in {report.seconds:.0f} s ({rate:,.0f}/s), "
         f"seed {report.seed}"
     )
-    print(f"  families: {dict(sorted(report.families.items()))}")
-    print(f"  router answers: {dict(sorted(report.statuses.items()))}")
+    for name, figures in report.per_family.items():
+        print(f"  {name}: {json.dumps(figures, default=str)}")
+    print(f"  raw kinds: {dict(sorted(report.families.items()))}")
+    print(f"  raw: router answers: {dict(sorted(report.statuses.items()))}")
     print(f"  requests the backends received: {report.backend_requests:,}")
     print(
         f"  slowest close after the last byte: {report.slowest_close:.2f} s "
         f"(deadline {DEADLINE:g} s)"
     )
     print(f"  worker RSS MB (after warm-up -> after the run): {report.rss_mb}")
-    print(f"  beside {report.haproxy}: {dict(report.differential)}")
+    print(f"  raw beside {report.haproxy}: {dict(report.differential)}")
     for key, numbers in report.examples.items():
-        print(f"    {key}, e.g. inputs {numbers} (--only N --show)")
+        print(f"    {key}, e.g. inputs {numbers} (--family raw --only N --show)")
     print(f"  invariants broken: {len(report.violations)}")
-    for line in report.violations[:30]:
-        print(f"    {line}")
+    shown: Counter[str] = Counter()  # at most 12 lines of each family
+    for line in report.violations:
+        family = line[1:].partition("]")[0] if line.startswith("[") else "raw"
+        shown[family] += 1
+        if shown[family] <= 12:
+            print(f"    {line}")
+    for family, count in shown.items():
+        if count > 12:
+            print(f"    [{family}] ... and {count - 12} more (--json F has them all)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -426,7 +527,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-haproxy", action="store_true")
     parser.add_argument("--json", help="write the report there")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (logs)")
+    parser.add_argument(
+        "--family",
+        default="all",
+        help=f"families to run, comma-separated ({','.join(fam.FAMILIES)}; default all)",
+    )
+    parser.add_argument(
+        "--osb-runs", type=int, default=6, help="Ansible runs the osb family may start"
+    )
     args = parser.parse_args(argv)
+    try:
+        fam.select(args.family)
+    except ValueError as exc:
+        parser.error(str(exc))
     work = Path(tempfile.mkdtemp(prefix="scoperouter-fuzz-"))
     harness = Harness(args, work)
     try:
@@ -435,8 +548,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         codes = harness.stop()
     harness.check()
+    harness.finish()
     if set(codes.values()) != {0}:
-        harness.report.violations.append(f"routers exited with {codes}")
+        harness.report.violations.append(f"routers (or the broker) exited with {codes}")
     print_report(harness.report)
     if args.json:
         report = {
