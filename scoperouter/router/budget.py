@@ -39,15 +39,18 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 _TRIM = _malloc_trim()
-_pending: list[asyncio.TimerHandle] = []  # at most one trim scheduled per worker
+# The loop a trim is scheduled on (at most one at a time; a worker runs one loop)
+_pending: dict[asyncio.AbstractEventLoop, asyncio.TimerHandle] = {}
 
 
 def trim_soon() -> None:
     """Hand the worker's free heap memory back to the system in TRIM_DELAY seconds (once,
     however many large requests end meanwhile)."""
-    if _TRIM is None or _pending:
+    loop = asyncio.get_running_loop()
+    if _TRIM is None or loop in _pending:
         return
-    _pending.append(asyncio.get_running_loop().call_later(TRIM_DELAY, _trim))
+    _pending.clear()  # one scheduled on another loop, closed since, would never run
+    _pending[loop] = loop.call_later(TRIM_DELAY, _trim)
 
 
 def _trim() -> None:

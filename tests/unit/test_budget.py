@@ -79,3 +79,22 @@ def test_settings_combine_refuses_what_it_cannot_use(key: str, value: object) ->
     with pytest.raises(ConfigError) as caught:
         build_catalog(doc)
     assert "settings.combine" in caught.value.location
+
+
+def test_a_trim_is_scheduled_once_and_runs() -> None:
+    import asyncio
+
+    from scoperouter.router import budget
+
+    async def main() -> int:
+        budget.trim_soon()
+        budget.trim_soon()  # coalesced
+        scheduled = len(budget._pending)
+        await asyncio.sleep(budget.TRIM_DELAY + 0.2)
+        return scheduled
+
+    if budget._TRIM is None:  # not glibc: nothing to hand back
+        pytest.skip("no malloc_trim here")
+    assert asyncio.run(main()) == 1
+    assert budget._pending == {}
+    assert asyncio.run(main()) == 1  # a new loop: scheduled again
