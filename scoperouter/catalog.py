@@ -245,6 +245,23 @@ class Peers:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Combine:
+    """What one request combining clouds (``A & B``, ``A | B``) may cost
+    (``settings.combine``)."""
+
+    max_parts: int = 16
+    """Cloud names in the expression a request uses, after repeats are dropped (``A & A`` is
+    one); more -> 400."""
+    max_clouds: int = 16
+    """Distinct clouds in the expression a request uses (each is asked at most once per
+    request); more -> 400."""
+    buffer_mib: int = 256
+    """MiB each router worker may hold buffered for combined requests at once: the clouds'
+    answers being merged (each at most 32 MiB) and the request bodies kept for them; a request
+    that would pass it -> 503, with Retry-After when other requests hold part of it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     """The federation-wide settings (``settings:``), shared by every router."""
 
@@ -271,6 +288,8 @@ class Settings:
     """When an upstream is marked down (peer health)."""
     peers: Peers = field(default_factory=Peers)
     """The router-to-router links."""
+    combine: Combine = field(default_factory=Combine)
+    """What one request combining clouds may cost."""
 
     def __post_init__(self) -> None:
         # routing.decide lets a request without X-Scope-Hops (0 hops) through unchecked.

@@ -28,6 +28,7 @@ from scoperouter.catalog import (
     Breaker,
     Catalog,
     Cloud,
+    Combine,
     Endpoint,
     Frontend,
     Limits,
@@ -196,6 +197,7 @@ class _Loader:
             limits=self.limits(doc.get("limits") or {}, f"{where}.limits"),
             breaker=self.breaker(doc.get("breaker") or {}, f"{where}.breaker"),
             peers=self.peers(doc.get("peers") or {}, f"{where}.peers"),
+            combine=self.combine(doc.get("combine") or {}, f"{where}.combine"),
             **timeouts,
         )
 
@@ -229,6 +231,15 @@ class _Loader:
                 f"{where}.max_request_line", "must not be larger than max_header_bytes"
             )
         return Limits(**values)
+
+    def combine(self, data: Any, where: str) -> Combine:
+        doc = self._mapping(data, where, allowed=set(Combine.__dataclass_fields__))
+        defaults = Combine()
+        values = {
+            key: int(_number(doc.get(key, getattr(defaults, key)), f"{where}.{key}", integer=True))
+            for key in ("max_parts", "max_clouds", "buffer_mib")
+        }
+        return Combine(**values)
 
     def breaker(self, data: Any, where: str) -> Breaker:
         doc = self._mapping(data, where, allowed=set(Breaker.__dataclass_fields__))

@@ -31,11 +31,11 @@ for images, whose unknown keys it keeps as image properties (so ``openstack imag
 the origin); glance's image schema allows extra properties only as strings, hence a string.
 
 **Pagination.** The client's ``limit`` is sent to every cloud; its ``marker`` is a *merged
-marker* (:func:`encode_marker`) this module made: each cloud's state (from the start, after
-its own marker = the id of the last item of it the client saw, or done). Each cloud checks
-its own marker as it would if the client had sent it directly, so the merged marker needs no
-signature; it is only checked for shape and size, and a garbled one is a 400. Its size is
-bounded by the clouds of the expression and :data:`MAX_CLOUD_MARKER`
+marker* (:mod:`scoperouter.merge_marker`) this module made: each cloud's state (from the
+start, after its own marker = the id of the last item of it the client saw, or done). Each
+cloud checks its own marker as it would if the client had sent it directly, so the merged
+marker needs no signature; it is only checked for shape and size, and a garbled one is a
+400. Its size is bounded by the clouds of the expression and :data:`MAX_CLOUD_MARKER`
 (:func:`max_marker_length`).
 
 **Failures.** A cloud that fails (no answer, an error status, a body that is not a list; for
@@ -48,8 +48,6 @@ the same point.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,13 +55,25 @@ from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode
 
 from scoperouter.errors import Reject, error_body
+from scoperouter.merge_marker import (
+    DONE,
+    MAX_CLOUD_MARKER,
+    START,
+    CloudState,
+    decode_marker,
+    encode_marker,
+)
+from scoperouter.merge_marker import (
+    MARKER_PREFIX as MARKER_PREFIX,  # re-exported: the marker is part of merge's API
+)
+from scoperouter.merge_marker import (
+    max_marker_length as max_marker_length,
+)
 
 ORIGIN_KEY = "x-scope-cloud"
 ORIGIN_HEADER = "x-scope-cloud"  # on one resource found across clouds: the cloud it is in
 PARTIAL_HEADER = "x-scope-partial"  # "allow": answer with the clouds that answered
 MISSING_HEADER = "X-Scope-Missing"  # on a partial answer: the clouds left out, comma-separated
-MARKER_PREFIX = "scope1."
-MAX_CLOUD_MARKER = 255  # nova/glance/neutron/keystone markers are ids or names
 MAX_LIMIT_TEXT = 9  # digits of `limit`
 
 LinkStyle = Literal["nova", "glance", "keystone", "none"]
@@ -186,53 +196,6 @@ def resource_of(service_type: str, method: str, path: str) -> Resource | None:
         if len(segments) > n and segments[-1] and tuple(segments[-n - 1 : -1]) == resource.suffix:
             return resource
     return None
-
-
-# --- the merged marker ---------------------------------------------------------------------
-
-START = ""  # a cloud's state: from its first item
-DONE = None  # a cloud's state: every item seen
-CloudState = str | None  # START, a marker of that cloud, or DONE
-
-
-def encode_marker(states: Mapping[str, CloudState]) -> str:
-    """The opaque marker a merged page's next link carries (URL-safe)."""
-    payload = json.dumps({"v": 1, "c": dict(states)}, separators=(",", ":"))
-    return MARKER_PREFIX + base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
-
-
-def max_marker_length(clouds: Sequence[str]) -> int:
-    """The longest merged marker :func:`encode_marker` can make for `clouds` (every state a
-    marker of MAX_CLOUD_MARKER characters, each escaped by JSON to at most 6): longer input is
-    refused before it is decoded."""
-    payload = 16 + sum(len(cloud) * 6 + 6 + MAX_CLOUD_MARKER * 6 for cloud in clouds)
-    return len(MARKER_PREFIX) + (payload + 2) // 3 * 4
-
-
-def decode_marker(text: str, clouds: Sequence[str]) -> dict[str, CloudState] | Reject:
-    """The per-cloud states of a merged marker made for these `clouds`, or a 400."""
-    longest = max_marker_length(clouds)
-    if len(text) > longest:
-        return _bad_marker(f"longer than {longest} characters")
-    if not text.startswith(MARKER_PREFIX):
-        return _bad_marker("it was not made by a merged list (it must come from a next link)")
-    data = text[len(MARKER_PREFIX) :]
-    try:
-        raw = base64.urlsafe_b64decode(data + "=" * (-len(data) % 4))
-        payload = json.loads(raw)
-    except (binascii.Error, ValueError):
-        return _bad_marker("it is garbled")
-    states = payload.get("c") if isinstance(payload, dict) and payload.get("v") == 1 else None
-    if not isinstance(states, dict) or list(states) != list(clouds):
-        return _bad_marker(f"it was made for other clouds than {' & '.join(clouds)}")
-    for cloud, state in states.items():
-        if state is not None and (not isinstance(state, str) or len(state) > MAX_CLOUD_MARKER):
-            return _bad_marker(f"its state for {cloud} is not a marker")
-    return states
-
-
-def _bad_marker(why: str) -> Reject:
-    return Reject(400, f"invalid marker for a list merged across clouds: {why}")
 
 
 # --- planning and merging ------------------------------------------------------------------

@@ -12,9 +12,12 @@ Grammar (``&`` binds tighter than ``|``, parentheses group)::
     NAME := [A-Za-z0-9] [A-Za-z0-9_.:-]*
 
 Client input is parsed by a small hand-written recursive-descent parser with bounded size and
-depth; it is never given to ``eval`` or ``ast``. Every failure raises :class:`ScopeError` with a
-one-line message that says what is wrong and where, so the router can answer 400 and the CLI can
-refuse the scope before sending anything.
+depth; it is never given to ``eval`` or ``ast``. The parser returns one canonical form per
+meaning (:func:`_combine`): nested operators flattened, a part repeated in one ``&`` or ``|``
+kept once (``A & A`` is ``A``, ``A | B | A`` is ``A | B``), and an ``&`` whose parts share a
+cloud otherwise (``A & (A | B)``) refused: that cloud's items would be merged twice. Every failure
+raises :class:`ScopeError` with a one-line message that says what is wrong and where, so the
+router can answer 400 and the CLI can refuse the scope before sending anything.
 
 The scope travels on the token (``X-Auth-Token: <token>!SCOPE!<json>``), because every OpenStack
 service forwards the user's token on the calls it makes for the user, and in ``X-Scope``. When
@@ -111,6 +114,14 @@ def clouds_of(expr: Expr) -> Iterator[str]:
             yield from clouds_of(part)
 
 
+def parts_and_clouds(expr: Expr) -> tuple[int, int]:
+    """(cloud names in the expression, distinct clouds among them): what one request using it
+    may cost. A request sends at most one request per distinct cloud (the router's executor
+    asks each cloud once); the router caps both (``settings.combine``)."""
+    names = list(clouds_of(expr))
+    return len(names), len(set(names))
+
+
 def format_expression(expr: Expr) -> str:
     """The canonical text of an expression; ``parse_expression`` reads it back unchanged."""
     if isinstance(expr, CloudName):
@@ -170,14 +181,14 @@ class _Parser:
         while self._peek() == "|":
             self.index += 1
             parts.append(self._and(depth))
-        return parts[0] if len(parts) == 1 else AnyOf(_flatten(AnyOf, parts))
+        return parts[0] if len(parts) == 1 else _combine(AnyOf, parts)
 
     def _and(self, depth: int) -> Expr:
         parts = [self._atom(depth)]
         while self._peek() == "&":
             self.index += 1
             parts.append(self._atom(depth))
-        return parts[0] if len(parts) == 1 else AllOf(_flatten(AllOf, parts))
+        return parts[0] if len(parts) == 1 else _combine(AllOf, parts)
 
     def _atom(self, depth: int) -> Expr:
         token = self._peek()
@@ -196,12 +207,41 @@ class _Parser:
         return CloudName(token)
 
 
-def _flatten(kind: type[AllOf] | type[AnyOf], parts: list[Expr]) -> tuple[Expr, ...]:
-    """``(A | B) | C`` is ``A | B | C``: keep one canonical form per meaning."""
+def _combine(kind: type[AllOf] | type[AnyOf], parts: list[Expr]) -> Expr:
+    """One canonical form per meaning, from parts already in theirs:
+
+    * flattened: ``(A | B) | C`` is ``A | B | C``;
+    * a part equal to an earlier one dropped (names compare as the federation config spells
+      them: case-sensitive): ``A & A`` is ``A`` (every cloud once: each is asked once and its
+      items listed once), ``A | A`` is ``A`` (a failover moves on to *another* cloud; trying
+      one again is no part of it), ``(A | B) & (A | B)`` is ``A | B``;
+    * one part left: that part (``A & A`` is the single cloud ``A``);
+    * an ``&`` whose parts still share a cloud (``A & (A | B)``, ``(A | B) & (B | C)``) is
+      refused: that cloud's items would be merged twice. An ``|`` may name a cloud again in
+      another candidate (``(A & B) | A``: every cloud, else A's alone): a request asks each
+      cloud once, and a later candidate reuses its answer (``router.fanout``).
+    """
     flat: list[Expr] = []
+    seen: set[Expr] = set()
     for part in parts:
-        flat.extend(part.parts if isinstance(part, kind) else (part,))
-    return tuple(flat)
+        for sub in part.parts if isinstance(part, kind) else (part,):
+            if sub not in seen:
+                seen.add(sub)
+                flat.append(sub)
+    if len(flat) == 1:
+        return flat[0]
+    if kind is AllOf:
+        named: set[str] = set()
+        for sub in flat:
+            clouds = set(clouds_of(sub))
+            shared = clouds & named
+            if shared:
+                raise ScopeError(
+                    f"'&' names {min(shared)!r} in more than one of its parts: its items would "
+                    "be merged twice (name each cloud once in an '&')"
+                )
+            named |= clouds
+    return kind(tuple(flat))
 
 
 def parse_expression(text: str) -> Expr:

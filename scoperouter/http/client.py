@@ -33,7 +33,7 @@ from scoperouter.http import heads, wire
 from scoperouter.http.pool import Pool, describe_error
 from scoperouter.http.request import Body, BodyError
 from scoperouter.http.server import ClientConnection
-from scoperouter.http.upstream import Head, Origin, UpstreamConnection
+from scoperouter.http.upstream import OVER_BUDGET, Head, Origin, UpstreamConnection
 from scoperouter.http.wire import Fields
 from scoperouter.semantics import IDEMPOTENT
 
@@ -184,10 +184,18 @@ def _give_up(conn: UpstreamConnection, sending: asyncio.Task[None] | None, why: 
     conn.fail(why)
 
 
-async def read_whole(answer: Answer, timeout: float) -> bytes:
+async def read_whole(
+    answer: Answer, timeout: float, reserve: Callable[[int], bool] | None = None
+) -> bytes:
     """The answer's whole body (at most upstream.WHOLE_MAX: :class:`ExchangeError` past it,
-    or when it breaks off or does not end within `timeout`)."""
+    or when it breaks off or does not end within `timeout`). `reserve`, when given, is asked
+    for every piece's size before it is kept; its False fails the exchange (upstream's
+    ``OVER_BUDGET``)."""
     conn = answer.conn
+    if reserve is not None:
+        if not reserve(conn.pending_size):
+            raise ExchangeError("broken", OVER_BUDGET, connected=True)
+        conn.reserve = reserve
     conn.keep_whole = True
     conn.deadline = time.monotonic() + timeout
     conn.resume_reading()
@@ -195,6 +203,7 @@ async def read_whole(answer: Answer, timeout: float) -> bytes:
         await conn.wait()
     conn.deadline = None
     if conn.error is not None and not conn.complete:
+        conn.take_body()  # dropped now, not when the connection object is collected
         if conn.timed_out:
             raise ExchangeError(
                 "timeout", f"its answer did not end within {timeout:g}s", connected=True

@@ -28,6 +28,7 @@ HIGH_WATER = 256 * 1024  # answer bytes kept before reading from the upstream pa
 WHOLE_MAX = 32 * 1024 * 1024  # an answer read whole (catalog region, A & B / A | B) at most
 HEAD_MAX = 256 * 1024  # an answer's head, or its chunk headers and trailers, at most
 TOO_LARGE = f"its answer is larger than {WHOLE_MAX // (1024 * 1024)} MiB"
+OVER_BUDGET = "the router's buffer for combined requests is full"  # a `reserve` said no
 HEAD_TOO_LARGE = f"invalid answer: its head or trailers are larger than {HEAD_MAX // 1024} KiB"
 RESPONSE_TIMEOUT = "response timeout"
 
@@ -80,6 +81,8 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         self.pending: list[bytes] = []  # body bytes not relayed yet
         self.pending_size = 0
         self.keep_whole = False  # the whole body is wanted (bounded by WHOLE_MAX)
+        # While kept whole: asked for each piece's size first; False fails it (a budget)
+        self.reserve: Callable[[int], bool] | None = None
         self.complete = False
         self.keep_alive = False
         self.error: str | None = None
@@ -229,6 +232,9 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         if self.sink is None:
             # Before the exchange has written the answer's head (the whole answer may come in
             # one read): kept until then, reading paused if it grows.
+            if self.reserve is not None and not self.reserve(len(body)):
+                self.fail(OVER_BUDGET)
+                return
             self.pending.append(body)
             self.pending_size += len(body)
             if self.pending_size > WHOLE_MAX:
@@ -265,6 +271,7 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         """The body kept so far (all of it once ``complete``)."""
         body = b"".join(self.pending)
         self.pending, self.pending_size = [], 0
+        self.reserve = None
         return body
 
     def reset(self, skip_body: bool) -> None:
@@ -276,6 +283,7 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         self.sink = None
         self.pending, self.pending_size = [], 0
         self.keep_whole = False
+        self.reserve = None
         self.framing = "length"
         self.until_close = False
         self.complete = False

@@ -26,7 +26,7 @@ from scoperouter.http.client import Answer, ExchangeError
 from scoperouter.http.pool import Pool, WarmSpec, client_context
 from scoperouter.http.request import BodyError, Refusal, Request
 from scoperouter.http.server import ClientConnection, ServerState
-from scoperouter.http.upstream import TOO_LARGE, Head, Origin
+from scoperouter.http.upstream import OVER_BUDGET, TOO_LARGE, Head, Origin
 from scoperouter.router import fanout
 from scoperouter.router.combined import BODY_TOO_LARGE, Outgoing, Received, TransmitError
 from scoperouter.router.config import RouterConfig
@@ -415,10 +415,13 @@ async def transmit(pool: Pool, out: Outgoing) -> Received:
     except ExchangeError as exc:
         raise TransmitError(exc.kind, exc.reason, answered=False) from None
     try:
-        body = await client.read_whole(answer, out.response_timeout)
+        body = await client.read_whole(answer, out.response_timeout, out.reserve)
     except ExchangeError as exc:
-        kind = "too_large" if exc.reason == TOO_LARGE else exc.kind
-        raise TransmitError(kind, exc.reason, answered=True) from None
+        if exc.reason == TOO_LARGE:
+            raise TransmitError("too_large", exc.reason, answered=True) from None
+        if exc.reason == OVER_BUDGET:
+            raise TransmitError("over_budget", exc.reason, answered=True) from None
+        raise TransmitError(exc.kind, exc.reason, answered=True) from None
     finally:
         client.finish(pool, answer)
     return Received(answer.status, answer.fields, body)

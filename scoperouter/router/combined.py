@@ -24,9 +24,16 @@ single-cloud and combined requests share its connections and its one exchange cl
 
 The answer is buffered (``fanout.MAX_BODY``, 32 MiB, per cloud and for the request body):
 ``&`` merges JSON lists, and ``|`` needs the request again for the next cloud. Large transfers
-(image data) stream on the single-cloud path. What each cloud did goes into the request's
-:class:`~scoperouter.router.state.RequestState` for its one access log line (``tried``) and
-the metrics.
+(image data) stream on the single-cloud path.
+
+**Cost** (``settings.combine``): a request whose expression names more clouds than
+``max_parts`` (or more distinct clouds than ``max_clouds``) is a 400; the executor asks each
+cloud at most once per request; what a request buffers (its body, the clouds' answers as they
+arrive) is reserved on the worker's :class:`~scoperouter.router.budget.Budget`
+(``buffer_mib``) and released when its answer is made, whatever happened: past it, a 503.
+
+What each cloud did goes into the request's :class:`~scoperouter.router.state.RequestState`
+for its one access log line (``tried``) and the metrics.
 """
 
 from __future__ import annotations
@@ -37,16 +44,17 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from scoperouter.errors import Reject
+from scoperouter.errors import Reject, error_body
 from scoperouter.failover import Failure
 from scoperouter.router import fanout
+from scoperouter.router.budget import MIB, TRIM_AFTER, Budget, Lease, trim_soon
 from scoperouter.router.config import RouterConfig
 from scoperouter.router.health import UpstreamHealth
 from scoperouter.router.region import regioned
 from scoperouter.router.state import REQUEST_ID_HEADER, RequestState
 from scoperouter.router.targets import split_url
 from scoperouter.router.tokens import TokenSwap
-from scoperouter.routing import Combined, Forward
+from scoperouter.routing import Combined, FanOut, Forward
 from scoperouter.semantics import HOP_BY_HOP, header_map
 
 logger = logging.getLogger("scoperouter")
@@ -57,6 +65,7 @@ BODY_TOO_LARGE = (
     "clouds ('&', '|') buffers it; name one cloud for large transfers"
 )
 INTERNAL_ERROR = "the router failed to combine the clouds' answers (see its log)"
+RETRY_AFTER = "5"  # seconds: a combined request holds the budget for about that long at most
 
 _HOP = HOP_BY_HOP
 # Not passed on to the clouds: the sender sets them, or the buffered exchange makes them moot
@@ -80,6 +89,7 @@ class Outgoing:
     remote: bool  # to a peer router (its TLS link and trust), else a backend
     connect_timeout: float
     response_timeout: float
+    reserve: Callable[[int], bool] | None = None  # asked before each piece of the answer is kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +106,9 @@ class TransmitError(Exception):
 
     def __init__(
         self,
-        kind: Literal["connect_timeout", "unreachable", "timeout", "broken", "too_large"],
+        kind: Literal[
+            "connect_timeout", "unreachable", "timeout", "broken", "too_large", "over_budget"
+        ],
         reason: str,
         answered: bool,
     ) -> None:
@@ -118,6 +130,7 @@ class Combiner:
         self.health = health
         self.tokens = tokens
         self.transmit = transmit
+        self.budget = Budget()  # bytes this worker's combined requests hold buffered
 
     async def answer(
         self,
@@ -131,21 +144,36 @@ class Combiner:
         """The answer to a combined request (`headers` as received, lower-case names;
         `base_url`: ``scheme://host:port`` the client addressed). Never raises but for
         cancellation: a failure of the router itself is a 500, logged."""
-        run = _Run(self, state)
+        limits = self.config.current().settings.combine
+        too_many = _too_many(decision, limits.max_parts, limits.max_clouds)
+        if too_many is not None:
+            state.message = too_many
+            return fanout.error_reply(400, too_many)
+        lease = self.budget.lease(limits.buffer_mib * MIB)
+        run = _Run(self, state, lease)
         request = fanout.Request(method, _outgoing(headers), body)
         try:
-            reply = await fanout.execute(
-                decision,
-                request,
-                run.send,
-                base_url=base_url,
-                timeout=run.deadline,
-                is_down=run.is_down,
-                report=run.report,
-            )
+            if not lease.reserve(len(body)):
+                reply = _over_budget(lease)
+            else:
+                reply = await fanout.execute(
+                    decision,
+                    request,
+                    run.send,
+                    base_url=base_url,
+                    timeout=run.deadline,
+                    is_down=run.is_down,
+                    report=run.report,
+                )
+                if lease.refused:
+                    reply = _over_budget(lease)
         except Exception:
             logger.exception("combining clouds failed for %s %s", state.method, state.path)
             reply = fanout.error_reply(500, INTERNAL_ERROR)
+        finally:
+            if lease.held >= TRIM_AFTER:
+                trim_soon()
+            lease.release()
         state.tried = "; ".join(text for _, text in sorted(run.tried)) or None
         state.answered = run.answered
         if reply.status >= 400 and not any(reply is r for r in run.replies):
@@ -156,9 +184,10 @@ class Combiner:
 class _Run:
     """One combined request: the executor's hooks, and what each cloud did."""
 
-    def __init__(self, combiner: Combiner, state: RequestState) -> None:
+    def __init__(self, combiner: Combiner, state: RequestState, lease: Lease) -> None:
         self.combiner = combiner
         self.state = state
+        self.lease = lease
         self.settings = combiner.config.current().settings
         self.checked: set[int] = set()  # forwards the executor asked is_down about
         self.kinds: dict[int, str] = {}  # forward -> how its attempt failed (for report)
@@ -198,7 +227,7 @@ class _Run:
                 health.succeeded(forward)
             return
         self._note(forward, f"{forward.cloud}: {failure}")
-        if kind in ("down", "loop"):
+        if kind in ("down", "loop", "budget"):
             return  # nothing new about the upstream
         if kind == "too_large":
             health.succeeded(forward)  # it answered; the size is no fault of its
@@ -216,6 +245,9 @@ class _Run:
         # Before any await: a fan-out's parts start in the expression's order.
         self.order.setdefault(key, len(self.order))
         combiner = self.combiner
+        if self.lease.refused:  # the request gets the 503: nothing more is sent
+            self.kinds[key] = "budget"
+            raise fanout.SendError(Failure.NOT_SENT, OVER_BUDGET)
         if key not in self.checked:  # a part of A & B: the breaker's fast refusal applies
             refusal = combiner.health.admit(forward)
             if refusal is not None:
@@ -246,6 +278,7 @@ class _Run:
             forward.remote,
             connect_timeout,
             response_timeout,
+            self.lease.reserve,
         )
         try:
             received = await combiner.transmit(outgoing)
@@ -295,6 +328,9 @@ class _Run:
             return fanout.SendError(
                 Failure.TIMEOUT, f"it did not answer within {response_timeout:g}s"
             )
+        if exc.kind == "over_budget":
+            self.kinds[key] = "too_large"  # it answered: no fault of its
+            return fanout.SendError(Failure.BROKEN, OVER_BUDGET)
         if exc.kind == "too_large":
             self.kinds[key] = "too_large"
             return fanout.SendError(
@@ -305,6 +341,53 @@ class _Run:
         return fanout.SendError(
             Failure.BROKEN, f"the connection broke before its answer ({exc.reason})"
         )
+
+
+OVER_BUDGET = "not asked: the router's buffer for combined requests is full"
+
+
+def _too_many(decision: Combined, max_parts: int, max_clouds: int) -> str | None:
+    """The 400's message for an expression over ``settings.combine``'s caps, else None. It
+    says how many, never the expression (up to 1,024 characters of the client's)."""
+    clouds: list[str] = []
+    pending: list[Forward | Combined] = [decision]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, Forward):
+            clouds.append(node.cloud)
+        elif isinstance(node, FanOut):
+            pending.extend(part for _, part in node.parts)
+        else:
+            pending.extend(node.candidates)
+    distinct = len(set(clouds))
+    if len(clouds) <= max_parts and distinct <= max_clouds:
+        return None
+    return (
+        f"the scope for {decision.service_type!r} combines {len(clouds)} cloud names "
+        f"({distinct} distinct clouds) in one request; this router combines at most "
+        f"{max_parts} names and {max_clouds} distinct clouds (settings.combine): name fewer"
+    )
+
+
+def _over_budget(lease: Lease) -> fanout.Reply:
+    """The 503 of a request refused by the worker's budget; Retry-After when other requests
+    held part of it (it frees as they end), none when this request alone needs more."""
+    mib = lease.limit // MIB
+    if lease.crowded:
+        message = (
+            f"the router's buffer for combined requests ({mib} MiB per worker, "
+            "settings.combine.buffer_mib) is in use by other requests: retry later"
+        )
+        extra = {"retry-after": RETRY_AFTER}
+    else:
+        message = (
+            f"the clouds' answers to this request are larger than the router's buffer for "
+            f"combined requests ({mib} MiB per worker, settings.combine.buffer_mib): ask for "
+            "fewer items (limit) or name fewer clouds"
+        )
+        extra = {}
+    headers = {"content-type": "application/json", **extra}
+    return fanout.Reply(503, headers, error_body(503, message))
 
 
 def _outgoing(headers: Mapping[str, str]) -> dict[str, str]:

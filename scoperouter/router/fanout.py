@@ -17,6 +17,12 @@ The router plugs in its own parts (:mod:`scoperouter.router.combined`): the work
 pool as the send function, its circuit breaker (:mod:`scoperouter.router.health`) as `is_down`
 and `report`; this module imports none of them.
 
+**Each cloud is asked at most once per request** (the cost of a request is linear in the
+clouds it names): the parser keeps a part once (``A & A`` is ``A``), and a later candidate of
+a failover naming a cloud already asked (``(A & B) | A``: every cloud, else A's alone) reuses
+that cloud's outcome, its answer or its failure, instead of asking again; one that would need
+another request of it (another query) fails without being sent.
+
 Bodies are buffered: ``&`` reads lists and single resources, and a ``|`` request with a body
 needs it again for the next candidate. Large transfers (images) keep the engine's streaming
 path with one cloud.
@@ -28,6 +34,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+from urllib.parse import parse_qsl
 
 from scoperouter.errors import error_body
 from scoperouter.failover import (
@@ -123,6 +130,8 @@ class _Runner:
         self.timeout = timeout
         self.is_down = is_down
         self.report = report
+        # cloud -> (what it was asked, its outcome): each cloud is asked once per request
+        self.asked: dict[str, tuple[tuple[object, ...], asyncio.Future[Reply | SendError]]] = {}
 
     async def fan_out(self, decision: FanOut, query: str | None) -> Reply:
         """Every part at once; `query` is ignored (a fan-out sets each part's own)."""
@@ -189,6 +198,19 @@ class _Runner:
 
     async def _attempt(self, forward: Forward, query: str | None) -> Reply | SendError:
         url = forward.url if query is None else forward.url.partition("?")[0] + query
+        what = _what(forward, url)
+        earlier = self.asked.get(forward.cloud)
+        if earlier is not None:  # asked already in this request: never twice
+            if earlier[0] == what:
+                return await earlier[1]
+            return SendError(Failure.NOT_SENT, ASKED_ALREADY)
+        outcome_of: asyncio.Future[Reply | SendError] = asyncio.get_running_loop().create_future()
+        self.asked[forward.cloud] = (what, outcome_of)
+        outcome = await self._send_once(forward, url)
+        outcome_of.set_result(outcome)
+        return outcome
+
+    async def _send_once(self, forward: Forward, url: str) -> Reply | SendError:
         headers = {k: v for k, v in self.request.headers.items() if k not in _DROPPED}
         headers.update(forward.set_headers)
         request = Request(self.request.method, headers, self.request.body)
@@ -205,6 +227,19 @@ class _Runner:
         if self.report is not None:
             self.report(forward, outcome.reason if isinstance(outcome, SendError) else None)
         return outcome
+
+
+ASKED_ALREADY = (
+    "not asked again: it was asked with another query earlier in this request (a request "
+    "asks each cloud once)"
+)
+
+
+def _what(forward: Forward, url: str) -> tuple[object, ...]:
+    """What a request to `url` asks, whatever the order of its query's parameters: a cloud's
+    earlier outcome is reused for the same question only."""
+    base, _, query = url.partition("?")
+    return (forward.remote, base, tuple(sorted(parse_qsl(query, keep_blank_values=True))))
 
 
 def _lower(headers: Mapping[str, str]) -> dict[str, str]:

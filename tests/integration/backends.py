@@ -308,6 +308,10 @@ class _ListHandler(http.server.BaseHTTPRequestHandler):
         size = min(int(query.get("limit", self.server.cap)), self.server.cap)
         page = ids[start : start + size]
         body: dict[str, Any] = {"images": [{"id": i, "name": f"image {i}"} for i in page]}
+        if "pad" in query and body["images"]:  # a large answer: the first image this long
+            body["images"][0]["pad"] = "x" * int(query["pad"])
+        if self.server.name in query.get("slow", "").split(","):  # this cloud answers late
+            time.sleep(float(query.get("delay", "2")))
         if start + size < len(ids):
             body["next"] = f"/v2/images?marker={page[-1]}"
         self._send(200, body)
@@ -335,7 +339,9 @@ class ListServer(http.server.ThreadingHTTPServer):
     """A glance-like image list (``GET /v2/images`` with ``limit``/``marker`` paging, at most
     `cap` a page, a ``next`` link) of `ids`, each image also by id (``GET /v2/images/<id>``,
     404 for another id; `extra` ids are found by id but not listed); ``POST``/``DELETE``
-    answer 201 naming it. What it received is in ``seen``."""
+    answer 201 naming it. What it received is in ``seen``. A list's query may ask for a large
+    answer (``pad=N``: the first image gets N more bytes) or a late one (``slow=<its name,
+    ...>&delay=S``)."""
 
     daemon_threads = True
 

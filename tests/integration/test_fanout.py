@@ -279,3 +279,27 @@ def test_writes_with_and_never_reach_a_cloud(clouds: Clouds) -> None:
     )
     decision = decide(facts, clouds.catalog, "CloudOne", combined=True)
     assert isinstance(decision, Reject) and decision.status == 400
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "(CloudTwo & CloudBroken) | CloudTwo",
+        "(CloudTwo & CloudBroken) | (CloudTwo & CloudThree) | CloudThree",
+        "CloudBroken | (CloudBroken & CloudTwo) | CloudTwo",
+        "CloudDown | CloudDown & CloudTwo | CloudTwo & CloudThree | CloudThree",
+    ],
+)
+@pytest.mark.parametrize("query", ["", "?limit=2&foo=bar"])
+def test_each_cloud_is_asked_once_per_request(clouds: Clouds, expression: str, query: str) -> None:
+    """Backend requests per client request <= distinct clouds named (issue 30): a failover
+    candidate naming a cloud asked already reuses its outcome (``(A & B) | A``: every cloud,
+    else A's answer alone), whatever the order of the query's parameters."""
+    for server in clouds.lists.values():
+        server.seen.clear()
+    reply = run(clouds, expression, "/v2/images" + query)
+    assert all(len(server.seen) <= 1 for server in clouds.lists.values())
+    if expression.endswith("| CloudTwo"):
+        assert reply.status == 200
+        ids = [image["id"] for image in json.loads(reply.body)["images"]]
+        assert ids == IDS["CloudTwo"][: 2 if query else CAPS["CloudTwo"]]

@@ -197,20 +197,21 @@ def test_route_shows_each_part_of_a_fan_out_and_each_candidate_of_a_failover(
         in out
     )
     assert "  2. CloudOne (local backend): http://127.0.1.2:9292/v2/images/x" in out
-    # nested, as JSON: a fan-out whose first part is a failover; token values masked
+    # nested, as JSON: a failover whose second candidate is a fan-out; token values masked
     code, out, _ = run(
         capsys, "route", "--config", CFG, "--cloud", "CloudOne", "--json",
-        "-H", 'X-Auth-Token: s3cr3t!SCOPE!{"image":"(CloudTwo | CloudOne) & CloudOne"}',
+        "-H", 'X-Auth-Token: s3cr3t!SCOPE!{"image":"CloudTwo | CloudOne & CloudTwo"}',
         "GET", "http://127.0.0.2:9292/v2/images",
     )  # fmt: skip
     data = json.loads(out)
     assert code == 0 and "s3cr3t" not in out
-    assert (data["decision"], data["expression"]) == ("fanout", "(CloudTwo | CloudOne) & CloudOne")
-    first, second = data["parts"]
-    assert first["decision"] == "failover" and first["label"] == "CloudTwo | CloudOne"
-    assert [c["cloud"] for c in first["candidates"]] == ["CloudTwo", "CloudOne"]
-    assert second["target"] == "http://127.0.1.2:9292/v2/images"
-    assert second["set_headers"]["X-Auth-Token"].startswith("<token>!SCOPE!")
+    assert (data["decision"], data["expression"]) == ("failover", "CloudTwo | CloudOne & CloudTwo")
+    first, second = data["candidates"]
+    assert first["decision"] == "forward" and first["cloud"] == "CloudTwo"
+    assert second["decision"] == "fanout" and second["label"] == "CloudOne & CloudTwo"
+    assert [p["cloud"] for p in second["parts"]] == ["CloudOne", "CloudTwo"]
+    assert second["parts"][0]["target"] == "http://127.0.1.2:9292/v2/images"
+    assert second["parts"][0]["set_headers"]["X-Auth-Token"].startswith("<token>!SCOPE!")
 
 
 def test_route_refuses_a_write_with_and(capsys: pytest.CaptureFixture[str]) -> None:

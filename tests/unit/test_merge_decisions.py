@@ -3,11 +3,14 @@ plan (pure; no sockets)."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
+import yaml
 
 from scoperouter.catalog import Catalog
+from scoperouter.config import build_catalog
 from scoperouter.errors import Reject
 from scoperouter.failover import (
     Failure,
@@ -20,6 +23,30 @@ from scoperouter.failover import (
 from scoperouter.merge import ResourcePlan
 from scoperouter.routing import Failover, FanOut, Forward, RequestFacts, decide
 from scoperouter.scope import CloudName
+
+from .conftest import SAMPLE
+
+
+@pytest.fixture(scope="module")
+def three() -> Catalog:
+    """The sample federation and a CloudThree with an image service: '&' names each cloud in
+    one of its parts only, so a failover inside a fan-out needs three."""
+    doc = yaml.safe_load(SAMPLE.read_text())
+    clouds = doc["clouds"]
+    third = copy.deepcopy(clouds["CloudTwo"])
+    third.update(
+        region="CloudThree",
+        frontends=[{"url": "http://127.0.0.4:9292"}],
+        services={
+            "image": {
+                "public": {"url": "http://127.0.0.4:9292", "backend": "http://127.0.1.4:9292"}
+            }
+        },
+    )
+    for key in ("proxy", "metrics", "credentials"):
+        third.pop(key, None)
+    clouds["CloudThree"] = third
+    return build_catalog(doc, base_dir=SAMPLE.parent)
 
 
 def facts(
@@ -107,9 +134,11 @@ def test_and_on_one_resource_asks_every_cloud_for_it_as_sent(catalog: Catalog) -
     assert one.url == "http://127.0.1.2:9292/v2/images/abc?x=1" and not one.remote
     assert json.loads(two.set_headers["x-scope"])["image"] == "CloudTwo"
     assert decision.plan.query_for("CloudTwo") is None  # the request's own path and query
-    # A | B inside: a failover part, as in a merged list.
-    f = facts('{"image": "CloudOne & (CloudTwo | CloudOne)"}', "/v2/images/abc")
-    decision = decide(f, catalog, "CloudOne", combined=True)
+
+
+def test_and_on_one_resource_with_a_failover_inside(three: Catalog) -> None:
+    f = facts('{"image": "CloudOne & (CloudTwo | CloudThree)"}', "/v2/images/abc")
+    decision = decide(f, three, "CloudOne", combined=True)
     assert isinstance(decision, FanOut) and isinstance(decision.parts[1][1], Failover)
 
 
@@ -127,13 +156,13 @@ def test_or_is_a_failover_in_order_for_any_method(catalog: Catalog) -> None:
     ]
 
 
-def test_nested_expressions(catalog: Catalog) -> None:
+def test_nested_expressions(catalog: Catalog, three: Catalog) -> None:
     decision = decide(
-        facts('{"image": "(CloudTwo | CloudOne) & CloudOne"}'), catalog, "CloudOne", combined=True
+        facts('{"image": "(CloudTwo | CloudThree) & CloudOne"}'), three, "CloudOne", combined=True
     )
     assert isinstance(decision, FanOut)
     (label, inner), (_, last) = decision.parts
-    assert label == "CloudTwo | CloudOne" and isinstance(inner, Failover)
+    assert label == "CloudTwo | CloudThree" and isinstance(inner, Failover)
     assert isinstance(last, Forward)
     decision = decide(
         facts('{"image": "CloudTwo | CloudOne & CloudTwo"}'), catalog, "CloudOne", combined=True

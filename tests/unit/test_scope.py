@@ -19,6 +19,7 @@ from scoperouter.scope import (
     format_expression,
     join_token,
     parse_expression,
+    parts_and_clouds,
     split_token,
 )
 
@@ -134,22 +135,96 @@ expressions = st.recursive(
 
 
 def _normal(expr: object) -> object:
-    """What the parser produces for a tree: nested same-operator nodes flattened."""
+    """What the parser produces for a tree: nested same-operator nodes flattened, a part equal
+    to an earlier one of the same node dropped, a node left with one part replaced by it;
+    None when an '&' has parts that share a cloud (refused)."""
     if isinstance(expr, CloudName):
         return expr
     kind = type(expr)
     flat: list[object] = []
     for part in expr.parts:  # type: ignore[attr-defined]
         part = _normal(part)
-        flat.extend(part.parts if isinstance(part, kind) else (part,))  # type: ignore[attr-defined]
+        if part is None:
+            return None
+        for sub in part.parts if isinstance(part, kind) else (part,):  # type: ignore[attr-defined]
+            if sub not in flat:
+                flat.append(sub)
+    if len(flat) == 1:
+        return flat[0]
+    if kind is AllOf:
+        names = [set(clouds_of(p)) for p in flat]  # type: ignore[arg-type]
+        if sum(map(len, names)) != len(set().union(*names)):
+            return None
     return kind(tuple(flat))
 
 
 @given(expressions)
 def test_format_then_parse_round_trips(expr: object) -> None:
     text = format_expression(expr)  # type: ignore[arg-type]
-    assert parse_expression(text) == _normal(expr)
-    assert list(clouds_of(parse_expression(text))) == list(clouds_of(expr))  # type: ignore[arg-type]
+    expected = _normal(expr)
+    if expected is None:
+        with pytest.raises(ScopeError, match="in more than one of its parts"):
+            parse_expression(text)
+        return
+    parsed = parse_expression(text)
+    assert parsed == expected
+    assert parse_expression(format_expression(parsed)) == parsed  # canonical: a fixed point
+    names = list(clouds_of(parsed))
+    assert parts_and_clouds(parsed) == (len(names), len(set(names)))
+
+
+# --------------------------------------------------- repeats: each cloud once (issue 30)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("A & A", A),  # every cloud once: one request, its items listed once
+        ("A | A", A),  # a failover moves on to another cloud, never the same again
+        (" & ".join(["CloudOne"] * 90), CloudName("CloudOne")),
+        ("A & B & A & B", AllOf((A, B))),
+        ("A | B | A", AnyOf((A, B))),
+        ("(A | B) & (A | B)", AnyOf((A, B))),
+        ("(A & B) | (A & B)", AllOf((A, B))),
+        ("C & ((A & B) | (A & B))", AllOf((C, A, B))),  # flattened once the repeat is gone
+        ("(A & B) | A", AnyOf((AllOf((A, B)), A))),  # kept: every cloud, else A's alone
+        ("A | (A & B)", AnyOf((A, AllOf((A, B))))),
+        ("(A & B) | (B & A)", AnyOf((AllOf((A, B)), AllOf((B, A))))),  # another order
+        ("a & A", AllOf((CloudName("a"), A))),  # names are case-sensitive, as in the config
+    ],
+)
+def test_repeated_parts_are_kept_once(text: str, expected: object) -> None:
+    assert parse_expression(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "cloud"),
+    [
+        ("A & (A | B)", "A"),
+        ("(A | B) & (B | C)", "B"),
+        ("(A | B) & (C | (B & D))", "B"),
+        ("C & (A | B) & (D | A)", "A"),
+    ],
+)
+def test_an_and_naming_a_cloud_in_two_parts_is_refused(text: str, cloud: str) -> None:
+    with pytest.raises(ScopeError) as caught:
+        parse_expression(text)
+    assert caught.value.message == (
+        f"'&' names {cloud!r} in more than one of its parts: its items would be merged twice "
+        "(name each cloud once in an '&')"
+    )
+
+
+def test_a_scope_with_repeats_travels_in_its_canonical_form() -> None:
+    scope = Scope.parse(json.dumps({"image": " & ".join(["CloudOne"] * 90)}))
+    assert scope.to_json() == '{"image":"CloudOne"}'
+    with pytest.raises(ScopeError, match="scope for 'image': '&' names 'A'"):
+        Scope.parse('{"image": "A & (A | B)"}')
+
+
+def test_parts_and_clouds() -> None:
+    assert parts_and_clouds(A) == (1, 1)
+    assert parts_and_clouds(parse_expression("(A & B) | (A & C) | C")) == (5, 3)
 
 
 @settings(max_examples=500)
