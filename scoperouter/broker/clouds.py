@@ -6,7 +6,7 @@ the broker config) whose URLs are the cloud's router frontends, and it composes 
 scopes (``scope_session``): a server in CloudOne from an image of CloudTwo is a connection that
 enters at CloudOne with the scope ``{"image": "CloudTwo"}``, and the routers do the rest.
 
-:class:`FederationClouds` implements the :class:`~scoperouter.broker.services.base.Clouds`
+:class:`FederationClouds` implements the :class:`~scoperouter.broker.contract.Clouds`
 contract: connections (cached, thread-safe), each cloud's public identity URL (what bindings
 point at) and its free capacity read from placement (cached for a few seconds, so a burst of
 provisions does not read it once each).
@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scoperouter.broker.services.base import Capacity
+from scoperouter.broker.contract import Capacity
 from scoperouter.client import scope_session
 
 if TYPE_CHECKING:

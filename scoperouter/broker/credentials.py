@@ -30,8 +30,8 @@ from typing import Any
 
 import yaml
 
+from scoperouter.broker.contract import Done, Found, OperationContext
 from scoperouter.broker.identity import APP_CREDENTIAL_PREFIX, credential_name, keystone
-from scoperouter.broker.services.base import Done, Found, OperationContext
 
 log = logging.getLogger("scoperouter.broker.credentials")
 

@@ -55,7 +55,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, aliased, mapped_column, sessionmaker
 from sqlalchemy.pool import SingletonThreadPool
 
-from scoperouter.broker.services.base import LeaseLost
+from scoperouter.broker.contract import LeaseLost
 
 ID_LENGTH = 255
 

@@ -30,8 +30,7 @@ from typing import Any
 import sqlalchemy.exc
 
 from scoperouter.broker import logs
-from scoperouter.broker.runtime import Broker
-from scoperouter.broker.services.base import (
+from scoperouter.broker.contract import (
     BindingView,
     Done,
     Failed,
@@ -43,6 +42,7 @@ from scoperouter.broker.services.base import (
     Pending,
     PlanEntry,
 )
+from scoperouter.broker.runtime import Broker
 from scoperouter.broker.store import (
     BOUND,
     FAILED,

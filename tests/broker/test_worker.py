@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import inspect
 
 from scoperouter.broker import migrate
-from scoperouter.broker.services.base import LeaseLost
+from scoperouter.broker.contract import LeaseLost
 from scoperouter.broker.store import Base, Store, make_engine, utcnow
 from scoperouter.broker.worker import Heartbeat, Runner, owner_id
 from tests.broker.conftest import Harness

@@ -32,8 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from scoperouter.broker import credentials, placement
 from scoperouter.broker.config import BrokerConfigError
-from scoperouter.broker.services import placed
-from scoperouter.broker.services.base import (
+from scoperouter.broker.contract import (
     DRAFT4,
     CatalogEntry,
     Clouds,
@@ -47,8 +46,9 @@ from scoperouter.broker.services.base import (
     Schemas,
     stable_id,
 )
+from scoperouter.broker.openstack_helpers import error_text, instance_tag
+from scoperouter.broker.services import placed
 from scoperouter.broker.services.placed import PlacementSpec
-from scoperouter.broker.services.server import error_text, instance_tag
 
 BROKER_TAG = "osb"
 POLL_SECONDS = 3.0

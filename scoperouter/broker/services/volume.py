@@ -35,8 +35,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 from scoperouter.broker import credentials
-from scoperouter.broker.services import placed
-from scoperouter.broker.services.base import (
+from scoperouter.broker.contract import (
     DRAFT4,
     CatalogEntry,
     Clouds,
@@ -54,7 +53,8 @@ from scoperouter.broker.services.base import (
     Schemas,
     stable_id,
 )
-from scoperouter.broker.services.server import catalog_plans
+from scoperouter.broker.offerings import catalog_plans
+from scoperouter.broker.services import placed
 
 METADATA_KEY = "osb_instance_id"
 SERVER_SERVICE = "openstack-server"
