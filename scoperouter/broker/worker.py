@@ -43,7 +43,8 @@ from scoperouter.broker.contract import (
     PlanEntry,
 )
 from scoperouter.broker.runtime import Broker
-from scoperouter.broker.store import (
+from scoperouter.broker.store import Store
+from scoperouter.broker.tables import (
     BOUND,
     FAILED,
     GONE,
@@ -54,7 +55,6 @@ from scoperouter.broker.store import (
     Binding,
     Instance,
     Operation,
-    Store,
     utcnow,
 )
 
