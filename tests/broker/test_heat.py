@@ -23,11 +23,10 @@ from scoperouter.broker.contract import Capacity, Done, Failed, Pending
 from scoperouter.broker.openstack_helpers import instance_tag
 from scoperouter.broker.runtime import Broker, compile_schema
 from scoperouter.broker.secrets import Secrets, generate_key
-from scoperouter.broker.services.heat import (
-    HeatService,
+from scoperouter.broker.services.heat import HeatService, service_class
+from scoperouter.broker.services.heat_templates import (
     load_template,
     owner_of,
-    service_class,
     stack_name,
     stack_parameters,
     template_schemas,
