@@ -20,6 +20,8 @@ from scoperouter.broker.identity import INSTANCE_TAG_PREFIX, space_of
 
 if TYPE_CHECKING:
     from openstack.connection import Connection
+    from openstack.image.v1.image import Image as ImageV1
+    from openstack.image.v2.image import Image
 
 METADATA_KEY = "osb_instance_id"
 DEFAULT_BROKER_TAG = "osb"
@@ -64,7 +66,7 @@ def short(text: object, limit: int = 300) -> str:
     return first if len(first) <= limit else first[: limit - 3] + "..."
 
 
-def find_image(conn: Connection, ref: str) -> Any | None:
+def find_image(conn: Connection, ref: str) -> Image | ImageV1 | None:
     """An active image by id or name through `conn` (None: none visible). Raises ValueError
     when the name is ambiguous (several images of that name)."""
     from openstack import exceptions

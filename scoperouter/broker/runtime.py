@@ -70,7 +70,7 @@ class PlanRef:
         self.service.validate(kind, self.plan, parameters)
 
 
-def _error_order(error: Any) -> tuple[int, str]:
+def _error_order(error: ValidationError) -> tuple[int, str]:
     return (len(list(error.absolute_path)), str(error.validator))
 
 

@@ -39,6 +39,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, aliased, sessionmaker
+from sqlalchemy.sql import ColumnElement, Select
 
 from scoperouter.broker.contract import LeaseLost
 from scoperouter.broker.engine import is_sqlite, make_engine
@@ -190,7 +191,7 @@ class Store:
     # the polling path (last_operation): one prepared Core query, no ORM session
     @staticmethod
     @functools.cache
-    def _status_query(by_operation: bool, of_binding: bool) -> Any:
+    def _status_query(by_operation: bool, of_binding: bool) -> Select[str, str, str, str, datetime]:
         query = select(
             Operation.id,
             Operation.kind,
@@ -552,7 +553,7 @@ class Store:
             return int(session.scalar(select(func.count()).select_from(model)) or 0)
 
 
-def _mine(operation_id: str, owner: str) -> Any:
+def _mine(operation_id: str, owner: str) -> ColumnElement[bool]:
     return and_(
         Operation.id == operation_id,
         Operation.lease_owner == owner,

@@ -22,7 +22,7 @@ import json
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -52,6 +52,11 @@ from scoperouter.broker.services.heat_templates import (
     template_schemas,
 )
 from scoperouter.broker.services.placed import PlacementSpec
+
+if TYPE_CHECKING:
+    import requests
+    from openstack.orchestration.v1._proxy import Proxy as Orchestration
+    from openstack.orchestration.v1.stack import Stack
 
 BROKER_TAG = "osb"
 POLL_SECONDS = 3.0
@@ -180,10 +185,11 @@ class HeatService(placed.PlacedService):
         return {**given, **dict(op.plan.settings.get("parameters") or {})}
 
     @staticmethod
-    def _orchestration(op: OperationContext, target: Mapping[str, Any]) -> Any:
-        return placed.connect(op, target).orchestration
+    def _orchestration(op: OperationContext, target: Mapping[str, Any]) -> Orchestration:
+        orchestration: Orchestration = placed.connect(op, target).orchestration
+        return orchestration
 
-    def _find(self, op: OperationContext, orchestration: Any) -> Any | None:
+    def _find(self, op: OperationContext, orchestration: Orchestration) -> Stack | None:
         """The instance's stack: by the id a pass recorded, else by name (a pass that died
         between the create and its save)."""
         from openstack import exceptions
@@ -243,7 +249,7 @@ class HeatService(placed.PlacedService):
         op.save(stack_id=stack_id)
         return orchestration.get_stack(stack_id)
 
-    def _record(self, op: OperationContext, stack: Any) -> None:
+    def _record(self, op: OperationContext, stack: Stack) -> None:
         if op.progress.get("stack_id") != stack.id:
             op.save(stack_id=stack.id)
         if op.instance.resources.get("stack_id") != stack.id:
@@ -380,7 +386,7 @@ class HeatService(placed.PlacedService):
 
 
 def create_stack(
-    orchestration: Any,
+    orchestration: Orchestration,
     *,
     name: str,
     template: Mapping[str, Any],
@@ -401,8 +407,8 @@ def create_stack(
 
 
 def update_stack(
-    orchestration: Any,
-    stack: Any,
+    orchestration: Orchestration,
+    stack: Stack,
     *,
     template: Mapping[str, Any],
     parameters: Mapping[str, Any],
@@ -428,7 +434,7 @@ def _definition(
     }
 
 
-def _sent(response: Any) -> Any:
+def _sent(response: requests.Response) -> requests.Response:
     """`response`, or openstacksdk's exception for heat's error answer."""
     from openstack import exceptions
 

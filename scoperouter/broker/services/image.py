@@ -222,7 +222,7 @@ class ImageService(Service):
         )
 
     def _locate(
-        self, clouds: Clouds, target: str, ref: str, source_cloud: Any
+        self, clouds: Clouds, target: str, ref: str, source_cloud: str | None
     ) -> dict[str, Any] | Failed:
         """The source image's facts, looked up through the target's router with a scope."""
         names = clouds.names()

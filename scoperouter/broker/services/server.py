@@ -70,6 +70,7 @@ from scoperouter.broker.openstack_helpers import instance_tag as instance_tag
 from scoperouter.scope import CloudName, Scope
 
 if TYPE_CHECKING:
+    from openstack.compute.v2.server import Server
     from openstack.connection import Connection
 
 # nova: user_data is base64 of at most 65535 bytes -> 49149 bytes of text
@@ -392,7 +393,7 @@ class ServerService(Service):
         return body
 
     def _active(
-        self, op: OperationContext, target: Target, project_id: str, server: Any
+        self, op: OperationContext, target: Target, project_id: str, server: Server
     ) -> Outcome:
         op.set_cloud(target.cloud)
         op.set_resources(
@@ -501,7 +502,7 @@ class ServerService(Service):
 
     # ------------------------------------------------------------------------ helpers
 
-    def _find(self, conn: Connection, instance_id: str) -> Any | None:
+    def _find(self, conn: Connection, instance_id: str) -> Server | None:
         """The instance's server in the connection's project (the oldest, should a second
         exist)."""
         found = list(conn.compute.servers(tags=instance_tag(instance_id)))
@@ -509,7 +510,7 @@ class ServerService(Service):
         return found[0] if found else None
 
 
-def _tagged(clouds: Clouds, cloud: str, tag: str) -> Iterator[Any]:
+def _tagged(clouds: Clouds, cloud: str, tag: str) -> Iterator[Server]:
     """Servers carrying `tag` in every project of `cloud` (the broker account's view)."""
     yield from clouds.connect(cloud).compute.servers(all_projects=True, tags=tag)
 
@@ -519,7 +520,7 @@ def _delete(clouds: Clouds, cloud: str, server_id: str, project_id: str | None) 
     conn.compute.delete_server(server_id, ignore_missing=True)
 
 
-def _get_server(conn: Connection, server_id: str) -> Any | None:
+def _get_server(conn: Connection, server_id: str) -> Server | None:
     from openstack import exceptions
 
     try:
