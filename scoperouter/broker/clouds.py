@@ -30,6 +30,7 @@ from scoperouter.client import scope_session
 
 if TYPE_CHECKING:
     from openstack.config.cloud_region import CloudRegion
+    from openstack.config.loader import OpenStackConfig
     from openstack.connection import Connection
 
 # Placement microversion for inventories and usages of resource providers (Train and later).
@@ -79,7 +80,7 @@ class FederationClouds:
         self._capacity_ttl = capacity_ttl
         self._factory = connection_factory
         self._lock = threading.Lock()
-        self._config: Any = None
+        self._config: OpenStackConfig | None = None
         self._connections: OrderedDict[tuple[str, str | None, str | None], Connection] = (
             OrderedDict()
         )
@@ -208,7 +209,7 @@ class FederationClouds:
                 f"no cloud {cloud!r} in the broker config (has: {known})"
             ) from None
 
-    def _openstack_config(self) -> Any:
+    def _openstack_config(self) -> OpenStackConfig:
         with self._lock:
             if self._config is None:
                 from openstack import config as os_config
