@@ -11,8 +11,8 @@ if TYPE_CHECKING:
     from scoperouter.cli.common import Subparsers
 
 UPGRADE = """\
-Create or upgrade the database schema to this release's (Alembic head). Safe to run any number
-of times, and from several replicas at once (PostgreSQL: serialised by an advisory lock).
+Create or upgrade the database schema to this release's (Alembic head). Safe to run any number of
+times, and from several replicas at once (PostgreSQL: serialised by an advisory lock).
 """
 
 EPILOG = """\

@@ -12,8 +12,8 @@ if TYPE_CHECKING:
     from scoperouter.cli.common import Subparsers
 
 DESCRIPTION = """\
-List the instances in the database (gone ones with --all), with their service, plan, cloud,
-state and latest operation. Secrets are never shown.
+List the instances in the database (gone ones with --all), with their service, plan, cloud, state
+and latest operation. Secrets are never shown.
 """
 
 EPILOG = """\

@@ -13,10 +13,9 @@ if TYPE_CHECKING:
     from scoperouter.cli.common import Subparsers
 
 DESCRIPTION = """\
-Delete the records of instances deprovisioned more than --older-than days ago (their
-operations and bindings too), or of one instance (--instance; --force for one that is not
-gone: its cloud resources are NOT removed, deprovision it first). A purged id can be
-provisioned again.
+Delete the records of instances deprovisioned more than --older-than days ago (their operations
+and bindings too), or of one instance (--instance; --force for one that is not gone: its cloud
+resources are NOT removed, deprovision it first). A purged id can be provisioned again.
 """
 
 EPILOG = """\

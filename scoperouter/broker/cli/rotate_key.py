@@ -12,10 +12,9 @@ if TYPE_CHECKING:
     from scoperouter.cli.common import Subparsers
 
 DESCRIPTION = """\
-Re-encrypt every stored secret with the first (newest) of the configured keys. Rotation: put a
-new key first ($SCOPEROUTER_BROKER_SECRET_KEYS=new,old or the keys file), restart the
-replicas, run rotate-key, then remove the old key. --generate prints a new key and touches
-nothing.
+Re-encrypt every stored secret with the first (newest) of the configured keys. Rotation: put a new
+key first ($SCOPEROUTER_BROKER_SECRET_KEYS=new,old or the keys file), restart the replicas, run
+rotate-key, then remove the old key. --generate prints a new key and touches nothing.
 """
 
 EPILOG = """\

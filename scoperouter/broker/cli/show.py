@@ -13,9 +13,9 @@ if TYPE_CHECKING:
     from scoperouter.cli.common import Subparsers
 
 DESCRIPTION = """\
-Show one instance (or the instance of a binding or operation id): its parameters, context,
-cloud and OpenStack ids, its bindings (without credentials) and every operation with its
-state, attempts, lease, deadline and originating identity.
+Show one instance (or the instance of a binding or operation id): its parameters, context, cloud
+and OpenStack ids, its bindings (without credentials) and every operation with its state,
+attempts, lease, deadline and originating identity.
 """
 
 EPILOG = """\
