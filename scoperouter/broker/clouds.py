@@ -6,7 +6,7 @@ the broker config) whose URLs are the cloud's router frontends, and it composes 
 scopes (``scope_session``): a server in CloudOne from an image of CloudTwo is a connection that
 enters at CloudOne with the scope ``{"image": "CloudTwo"}``, and the routers do the rest.
 
-:class:`FederationClouds` implements the :class:`~scoperouter.broker.services.base.Clouds`
+:class:`FederationClouds` implements the :class:`~scoperouter.broker.contract.Clouds`
 contract: connections (cached, thread-safe), each cloud's public identity URL (what bindings
 point at) and its free capacity read from placement (cached for a few seconds, so a burst of
 provisions does not read it once each).
@@ -25,11 +25,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scoperouter.broker.services.base import Capacity
+from scoperouter.broker.contract import Capacity
 from scoperouter.client import scope_session
 
 if TYPE_CHECKING:
     from openstack.config.cloud_region import CloudRegion
+    from openstack.config.loader import OpenStackConfig
     from openstack.connection import Connection
 
 # Placement microversion for inventories and usages of resource providers (Train and later).
@@ -79,7 +80,7 @@ class FederationClouds:
         self._capacity_ttl = capacity_ttl
         self._factory = connection_factory
         self._lock = threading.Lock()
-        self._config: Any = None
+        self._config: OpenStackConfig | None = None
         self._connections: OrderedDict[tuple[str, str | None, str | None], Connection] = (
             OrderedDict()
         )
@@ -208,7 +209,7 @@ class FederationClouds:
                 f"no cloud {cloud!r} in the broker config (has: {known})"
             ) from None
 
-    def _openstack_config(self) -> Any:
+    def _openstack_config(self) -> OpenStackConfig:
         with self._lock:
             if self._config is None:
                 from openstack import config as os_config

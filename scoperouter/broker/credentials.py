@@ -26,12 +26,15 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from scoperouter.broker.contract import Done, Found, OperationContext
 from scoperouter.broker.identity import APP_CREDENTIAL_PREFIX, credential_name, keystone
-from scoperouter.broker.services.base import Done, Found, OperationContext
+
+if TYPE_CHECKING:
+    from openstack.connection import Connection
 
 log = logging.getLogger("scoperouter.broker.credentials")
 
@@ -229,7 +232,7 @@ def revoke_instance(op: OperationContext) -> int:
     return removed
 
 
-def revoke_all(conn: Any, project_id: str) -> int:
+def revoke_all(conn: Connection, project_id: str) -> int:
     """Delete every binding credential of the broker's user for `project_id` (deprovision of
     an instance whose bindings the platform did not remove first)."""
     user_id = str(conn.current_user_id)
@@ -246,7 +249,9 @@ def revoke_all(conn: Any, project_id: str) -> int:
     return removed
 
 
-def inventory(conn: Any, cloud: str, project_ids: Iterable[str] | None = None) -> Iterable[Found]:
+def inventory(
+    conn: Connection, cloud: str, project_ids: Iterable[str] | None = None
+) -> Iterable[Found]:
     """The broker's binding credentials in `cloud` (for `broker repair`)."""
     user_id = str(conn.current_user_id)
     wanted = set(project_ids) if project_ids is not None else None

@@ -33,6 +33,7 @@ from scoperouter.broker.logs import excerpt
 if TYPE_CHECKING:
     from openstack.connection import Connection
     from openstack.identity.v3._proxy import Proxy as KeystoneV3
+    from openstack.identity.v3.project import Project
 
 log = logging.getLogger("scoperouter.broker.identity")
 
@@ -228,7 +229,7 @@ class Identity:
         return str(domain.id)
 
     @staticmethod
-    def find_project(conn: Connection, tag: str) -> Any | None:
+    def find_project(conn: Connection, tag: str) -> Project | None:
         """The project carrying `tag` (one at most: the tag is derived from a unique id)."""
         found = list(keystone(conn).projects(tags=tag))
         if len(found) > 1:  # cannot happen through the broker; say so rather than guess
@@ -243,7 +244,7 @@ class Identity:
         name: str,
         description: str,
         extra_tags: Sequence[str] = (),
-    ) -> tuple[Any, bool]:
+    ) -> tuple[Project, bool]:
         """The project tagged `tag`, created if missing. Returns (project, created)."""
         project = self.find_project(conn, tag)
         if project is not None:

@@ -16,7 +16,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, text
 
-from scoperouter.broker.store import make_engine
+from scoperouter.broker.engine import make_engine
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 LOCK_ID = 0x5C0DE0B5  # pg_advisory_xact_lock key of the broker's migrations

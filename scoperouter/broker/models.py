@@ -12,7 +12,7 @@ from typing import Any, Literal, Required, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from scoperouter.broker.services.base import CatalogEntry, PlanEntry
+from scoperouter.broker.contract import CatalogEntry, PlanEntry
 
 
 class _Request(BaseModel):

@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from scoperouter.broker.services.base import Capacity
+from scoperouter.broker.contract import Capacity
 from scoperouter.scope import CloudName, Scope, ScopeError
 
 VCPU = "VCPU"

@@ -23,9 +23,7 @@ from jsonschema.protocols import Validator
 from jsonschema.validators import validator_for
 
 from scoperouter.broker.config import BrokerConfig, BrokerConfigError, ServiceConfig
-from scoperouter.broker.identity import Identity
-from scoperouter.broker.secrets import Secrets
-from scoperouter.broker.services.base import (
+from scoperouter.broker.contract import (
     ENTRY_POINT_GROUP,
     CatalogEntry,
     Clouds,
@@ -33,6 +31,8 @@ from scoperouter.broker.services.base import (
     PlanEntry,
     Service,
 )
+from scoperouter.broker.identity import Identity
+from scoperouter.broker.secrets import Secrets
 from scoperouter.broker.store import Store
 
 log = logging.getLogger("scoperouter.broker")
@@ -70,7 +70,7 @@ class PlanRef:
         self.service.validate(kind, self.plan, parameters)
 
 
-def _error_order(error: Any) -> tuple[int, str]:
+def _error_order(error: ValidationError) -> tuple[int, str]:
     return (len(list(error.absolute_path)), str(error.validator))
 
 

@@ -1,7 +1,7 @@
 """The broker's durable state: tables and the few queries (the only module that writes SQL).
 
 One code path for SQLite and PostgreSQL (SQLAlchemy 2). What differs is confined to
-:func:`make_engine`:
+:func:`~scoperouter.broker.engine.make_engine`:
 
 - SQLite: WAL journal, a busy timeout, and write transactions that start with ``BEGIN
   IMMEDIATE``. Why: in WAL mode a deferred transaction that read first and then writes fails at
@@ -23,176 +23,74 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
-import json
-import secrets
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
-    JSON,
-    Boolean,
-    DateTime,
-    Engine,
-    ForeignKey,
-    Index,
-    Integer,
-    String,
-    Text,
     and_,
     bindparam,
-    create_engine,
     delete,
-    event,
     func,
     or_,
     select,
     update,
 )
 from sqlalchemy.exc import IntegrityError, OperationalError
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, aliased, mapped_column, sessionmaker
-from sqlalchemy.pool import SingletonThreadPool
+from sqlalchemy.orm import Session, aliased, sessionmaker
+from sqlalchemy.sql import ColumnElement, Select
 
-from scoperouter.broker.services.base import LeaseLost
-
-ID_LENGTH = 255
-
-
-def utcnow() -> datetime:
-    """Naive UTC now: what every timestamp column holds."""
-    return datetime.now(UTC).replace(tzinfo=None)
-
-
-def iso(value: datetime | None) -> str | None:
-    """A stored time as ISO 8601 UTC with a Z (the OSB binding metadata format)."""
-    if value is None:
-        return None
-    return (
-        value.replace(microsecond=(value.microsecond // 100_000) * 100_000).isoformat(
-            timespec="milliseconds"
-        )[:-2]
-        + "Z"
-    )
-
-
-def request_hash(fields: Mapping[str, Any]) -> str:
-    """Digest of what a request asked for: equal digests are identical repeats (200/202 with
-    the same operation), different ones are conflicts (409)."""
-    text = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def new_operation_id(kind: str) -> str:
-    return f"{kind}-{secrets.token_hex(12)}"
-
-
-class Base(DeclarativeBase):
-    pass
-
-
-# Instance / binding states
-PROVISIONING, PROVISIONED, UPDATING, DEPROVISIONING, GONE, FAILED = (
-    "provisioning",
-    "provisioned",
-    "updating",
-    "deprovisioning",
-    "gone",
-    "failed",
+from scoperouter.broker.contract import LeaseLost
+from scoperouter.broker.engine import is_sqlite, make_engine
+from scoperouter.broker.tables import (
+    BINDING,
+    BOUND,
+    DEPROVISIONING,
+    FAILED,
+    GONE,
+    IN_PROGRESS,
+    PROVISIONED,
+    PROVISIONING,
+    SUCCEEDED,
+    UNBINDING,
+    UPDATING,
+    Base,
+    Binding,
+    Instance,
+    Operation,
+    iso,
+    new_operation_id,
+    request_hash,
+    utcnow,
 )
-BINDING, BOUND, UNBINDING = "binding", "bound", "unbinding"
-# Operation states: the OSB words
-IN_PROGRESS, SUCCEEDED = "in progress", "succeeded"
-OP_FAILED = "failed"
 
-
-class Instance(Base):
-    __tablename__ = "instances"
-
-    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
-    service_id: Mapped[str] = mapped_column(String(ID_LENGTH))
-    plan_id: Mapped[str] = mapped_column(String(ID_LENGTH))
-    service_name: Mapped[str] = mapped_column(String(ID_LENGTH))
-    parameters: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    context: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    organization_guid: Mapped[str | None] = mapped_column(String(ID_LENGTH))
-    space_guid: Mapped[str | None] = mapped_column(String(ID_LENGTH))
-    cloud: Mapped[str | None] = mapped_column(String(ID_LENGTH))
-    resources: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    # what a service keeps for later operations of the instance (a generated key pair's
-    # private key), encrypted (secrets.py); never shown
-    secrets: Mapped[str | None] = mapped_column(Text)
-    state: Mapped[str] = mapped_column(String(32))
-    maintenance_version: Mapped[str | None] = mapped_column(String(ID_LENGTH))
-    request_hash: Mapped[str] = mapped_column(String(64))
-    # the one operation that may change this instance now (binding operations included)
-    active_operation_id: Mapped[str | None] = mapped_column(String(64))
-    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
-
-
-class Binding(Base):
-    __tablename__ = "bindings"
-
-    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
-    instance_id: Mapped[str] = mapped_column(
-        String(ID_LENGTH), ForeignKey("instances.id", ondelete="CASCADE"), index=True
-    )
-    service_id: Mapped[str] = mapped_column(String(ID_LENGTH))
-    plan_id: Mapped[str] = mapped_column(String(ID_LENGTH))
-    parameters: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    context: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    bind_resource: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    predecessor_binding_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
-    # the credentials of the bind response, encrypted (secrets.py); null until bound
-    credentials: Mapped[str | None] = mapped_column(Text)
-    endpoints: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
-    resources: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    expires_at: Mapped[datetime | None] = mapped_column(DateTime)
-    renew_before: Mapped[datetime | None] = mapped_column(DateTime)
-    state: Mapped[str] = mapped_column(String(32))
-    # created by an async request: GET of the binding is then how the platform receives the
-    # credentials (the spec's MUST); a synchronous bind returned them already
-    asynchronous: Mapped[bool] = mapped_column(Boolean, default=False)
-    request_hash: Mapped[str] = mapped_column(String(64))
-    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
-
-
-class Operation(Base):
-    __tablename__ = "operations"
-    __table_args__ = (Index("ix_operations_due", "state", "not_before"),)
-
-    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    id: Mapped[str] = mapped_column(String(64), unique=True)
-    kind: Mapped[str] = mapped_column(String(16))
-    instance_id: Mapped[str] = mapped_column(
-        String(ID_LENGTH), ForeignKey("instances.id", ondelete="CASCADE"), index=True
-    )
-    binding_id: Mapped[str | None] = mapped_column(String(ID_LENGTH), index=True)
-    state: Mapped[str] = mapped_column(String(16))
-    description: Mapped[str] = mapped_column(Text, default="")
-    progress: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    # what the request asked for that is not in the instance row yet (an update's target plan,
-    # parameters and maintenance_info)
-    request: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    request_hash: Mapped[str] = mapped_column(String(64))
-    accepts_incomplete: Mapped[bool] = mapped_column(Boolean, default=True)
-    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
-    not_before: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
-    lease_owner: Mapped[str | None] = mapped_column(String(128))
-    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime)
-    deadline_at: Mapped[datetime] = mapped_column(DateTime)
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
-    originating_identity: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    request_identity: Mapped[str | None] = mapped_column(String(255))
-    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime)
-
-
-TABLES = ("instances", "bindings", "operations")
+# The tables and states moved to scoperouter.broker.tables; osb/ and bench/ import them from
+# here: re-exported for them (lead removes after merge).
+__all__ = [
+    "BINDING",
+    "BOUND",
+    "DEPROVISIONING",
+    "FAILED",
+    "GONE",
+    "IN_PROGRESS",
+    "PROVISIONED",
+    "PROVISIONING",
+    "SUCCEEDED",
+    "UNBINDING",
+    "UPDATING",
+    "Base",
+    "Binding",
+    "Instance",
+    "Operation",
+    "Status",
+    "Store",
+    "is_duplicate",
+    "iso",
+    "new_operation_id",
+    "request_hash",
+    "utcnow",
+]
 
 
 class Status(NamedTuple):
@@ -222,57 +120,6 @@ def _one_row(connection: Any, sql: str, args: Any) -> Any:
     row = cursor.fetchone()
     cursor.close()
     return row
-
-
-def is_sqlite(url: str) -> bool:
-    return url.startswith("sqlite")
-
-
-CONNECT_TIMEOUT = 10  # seconds, PostgreSQL
-
-
-def make_engine(url: str, *, immediate: bool | None = False, pool_size: int = 10) -> Engine:
-    """An engine for `url`. On SQLite, connections use WAL and a busy timeout, and
-    `immediate` says how transactions begin: True ``BEGIN IMMEDIATE`` (writers: the write lock
-    up front), False ``BEGIN``, None no BEGIN at all (autocommit: each statement reads its own
-    consistent snapshot, the cheapest for the polling path's one-statement reads)."""
-    if is_sqlite(url):
-        options: dict[str, Any] = {}
-        if immediate is None:
-            # Autocommit reads hold no transaction, so a connection can stay with its thread
-            # (no pool queue per checkout) and needs no ROLLBACK when it is given back.
-            options = {"poolclass": SingletonThreadPool, "pool_reset_on_return": None}
-        engine = create_engine(
-            url, connect_args={"timeout": 30, "check_same_thread": False}, **options
-        )
-
-        @event.listens_for(engine, "connect")
-        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-            # let SQLAlchemy's BEGIN below be the only transaction control
-            dbapi_connection.isolation_level = None
-            cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.execute("PRAGMA foreign_keys=ON")
-            cursor.execute("PRAGMA busy_timeout=30000")
-            cursor.close()
-
-        if immediate is not None:
-
-            @event.listens_for(engine, "begin")
-            def _on_begin(connection: Any) -> None:
-                connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
-
-        return engine
-    # connect_timeout: a database that does not answer fails a request in seconds, not after
-    # the kernel's TCP retries (minutes)
-    return create_engine(
-        url,
-        pool_size=pool_size,
-        max_overflow=20,
-        pool_pre_ping=True,
-        connect_args={"connect_timeout": CONNECT_TIMEOUT},
-    )
 
 
 class Store:
@@ -344,7 +191,7 @@ class Store:
     # the polling path (last_operation): one prepared Core query, no ORM session
     @staticmethod
     @functools.cache
-    def _status_query(by_operation: bool, of_binding: bool) -> Any:
+    def _status_query(by_operation: bool, of_binding: bool) -> Select[str, str, str, str, datetime]:
         query = select(
             Operation.id,
             Operation.kind,
@@ -706,7 +553,7 @@ class Store:
             return int(session.scalar(select(func.count()).select_from(model)) or 0)
 
 
-def _mine(operation_id: str, owner: str) -> Any:
+def _mine(operation_id: str, owner: str) -> ColumnElement[bool]:
     return and_(
         Operation.id == operation_id,
         Operation.lease_owner == owner,

@@ -25,13 +25,13 @@ import time
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy.exc
+from sqlalchemy.orm import Session
 
 from scoperouter.broker import logs
-from scoperouter.broker.runtime import Broker
-from scoperouter.broker.services.base import (
+from scoperouter.broker.contract import (
     BindingView,
     Done,
     Failed,
@@ -43,7 +43,9 @@ from scoperouter.broker.services.base import (
     Pending,
     PlanEntry,
 )
-from scoperouter.broker.store import (
+from scoperouter.broker.runtime import Broker
+from scoperouter.broker.store import Store
+from scoperouter.broker.tables import (
     BOUND,
     FAILED,
     GONE,
@@ -54,7 +56,6 @@ from scoperouter.broker.store import (
     Binding,
     Instance,
     Operation,
-    Store,
     utcnow,
 )
 
@@ -282,7 +283,10 @@ def instance_view(instance: Instance) -> InstanceView:
     )
 
 
-def _replace(view: Any, **changes: Any) -> Any:
+View = TypeVar("View", InstanceView, BindingView)
+
+
+def _replace(view: View, **changes: Any) -> View:
     return dataclasses.replace(view, **changes)
 
 
@@ -401,7 +405,7 @@ class Runner:
         log.info("%s %s: %s: %s", op.kind, op.id, row.state, outcome.description)
         return outcome
 
-    def _apply(self, session: Any, op: Operation, instance: Instance, outcome: Outcome) -> None:
+    def _apply(self, session: Session, op: Operation, instance: Instance, outcome: Outcome) -> None:
         ok = isinstance(outcome, Done)
         owns = instance.active_operation_id == op.id
         if owns:
@@ -455,7 +459,7 @@ class Runner:
             self._finish(op, owner, outcome)
 
 
-def _naive(value: Any) -> datetime | None:
+def _naive(value: object) -> datetime | None:
     if value is None:
         return None
     if isinstance(value, str):

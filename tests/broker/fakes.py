@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from scoperouter.broker.services.base import (
+from scoperouter.broker.contract import (
     CatalogEntry,
     Done,
     Failed,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from scoperouter.broker.services.base import (
+from scoperouter.broker.contract import (
     Clouds,
     Done,
     Failed,

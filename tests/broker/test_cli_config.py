@@ -4,6 +4,7 @@ the operator commands on a real database, and the pure helpers of identity and c
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -274,6 +275,7 @@ def test_commands_refuse_an_unmigrated_database(tmp_path: Path, capsys: Any) -> 
 
 
 def test_every_broker_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each command's --help explains it and shows an example of itself."""
     for command in (
         ["serve"],
         ["list"],
@@ -286,7 +288,10 @@ def test_every_broker_command_has_help(capsys: pytest.CaptureFixture[str]) -> No
         with pytest.raises(SystemExit) as exc:
             scoperouter_main(["broker", *command, "--help"])
         assert exc.value.code == 0
-        assert len(capsys.readouterr().out) > 200
+        out = capsys.readouterr().out
+        assert len(out) > 200
+        example = re.search(r"^examples?:\n((?:  .*\n)+)", out, re.M)
+        assert example and f"scoperouter broker {' '.join(command)} " in example[1], out
 
 
 # ------------------------------------------------------------------- pure helpers

@@ -19,19 +19,18 @@ import yaml
 from openstack import exceptions
 
 from scoperouter.broker.config import BrokerConfigError, config_from_dict
+from scoperouter.broker.contract import Capacity, Done, Failed, Pending
+from scoperouter.broker.openstack_helpers import instance_tag
 from scoperouter.broker.runtime import Broker, compile_schema
 from scoperouter.broker.secrets import Secrets, generate_key
-from scoperouter.broker.services.base import Capacity, Done, Failed, Pending
-from scoperouter.broker.services.heat import (
-    HeatService,
+from scoperouter.broker.services.heat import HeatService, service_class
+from scoperouter.broker.services.heat_templates import (
     load_template,
     owner_of,
-    service_class,
     stack_name,
     stack_parameters,
     template_schemas,
 )
-from scoperouter.broker.services.server import instance_tag
 from tests.broker.conftest import Harness
 from tests.broker.passes import MemoryOperation, Saved, after, drive, instance
 from tests.broker.test_server import FakeIdentity

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from scoperouter.broker.services.base import InvalidParameters
+from scoperouter.broker.contract import InvalidParameters
 from scoperouter.broker.services.image import (
     CopyStream,
     ImageService,

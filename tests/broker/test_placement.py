@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from scoperouter.broker.contract import Capacity
 from scoperouter.broker.placement import (
     Demand,
     Explicit,
@@ -19,7 +20,6 @@ from scoperouter.broker.placement import (
     rank,
     too_small,
 )
-from scoperouter.broker.services.base import Capacity
 from scoperouter.scope import Scope
 
 CLOUDS = ("CloudOne", "CloudTwo", "CloudThree")

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from scoperouter.broker.contract import Capacity
 from scoperouter.broker.placement import (
     Demand,
     Explicit,
@@ -17,7 +18,6 @@ from scoperouter.broker.placement import (
     rank,
     too_small,
 )
-from scoperouter.broker.services.base import Capacity
 
 CLASSES = ("VCPU", "MEMORY_MB", "DISK_GB")
 NAMES = [f"Cloud{i}" for i in range(6)]

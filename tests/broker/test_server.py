@@ -17,19 +17,16 @@ from openstack import exceptions
 
 from scoperouter.broker.clouds import CloudUnavailable
 from scoperouter.broker.config import IdentityConfig
-from scoperouter.broker.identity import Space
-from scoperouter.broker.services.base import (
+from scoperouter.broker.contract import (
     Capacity,
     Done,
     Failed,
     InvalidParameters,
     Pending,
 )
-from scoperouter.broker.services.server import (
-    METADATA_KEY,
-    ServerService,
-    instance_tag,
-)
+from scoperouter.broker.identity import Space
+from scoperouter.broker.openstack_helpers import METADATA_KEY, instance_tag
+from scoperouter.broker.services.server import ServerService
 from tests.broker.passes import MemoryOperation, Saved, after, drive, instance
 
 SETTINGS = {

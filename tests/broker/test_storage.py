@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from openstack import exceptions
 
-from scoperouter.broker.services.base import (
+from scoperouter.broker.contract import (
     BindingView,
     Done,
     Failed,

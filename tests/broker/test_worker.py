@@ -13,8 +13,10 @@ from typing import Any
 from sqlalchemy import inspect
 
 from scoperouter.broker import migrate
-from scoperouter.broker.services.base import LeaseLost
-from scoperouter.broker.store import Base, Store, make_engine, utcnow
+from scoperouter.broker.contract import LeaseLost
+from scoperouter.broker.engine import make_engine
+from scoperouter.broker.store import Store
+from scoperouter.broker.tables import Base, utcnow
 from scoperouter.broker.worker import Heartbeat, Runner, owner_id
 from tests.broker.conftest import Harness
 

@@ -7,6 +7,13 @@
 * only ``scoperouter.proxy.forward`` imports mitmproxy, and a worker whose cloud has no forward
   proxy never imports it (the reverse path runs with mitmproxy blocked);
 * no import cycle among them, function-level imports included; no module over 600 lines.
+
+The broker's layers, top to bottom (docs/broker.md): transport (the HTTP app, the CLI) ->
+endpoints (one module per OSB endpoint, the OSB models) -> state (worker, runtime, store,
+tables, the operator's queries) -> services (the plug-ins) -> contract and helpers (the plug-in
+contract, the OpenStack helpers, placement, credentials, identity, config). A module imports
+its own layer or lower ones, never a higher one; every broker module has a layer (a new one
+must be placed here); no import cycle; no module over 600 lines.
 """
 
 from __future__ import annotations
@@ -185,3 +192,141 @@ def test_the_reverse_path_runs_without_mitmproxy(tmp_path: Path) -> None:
     lines = done.stdout.splitlines()
     # The backend port is closed: the router answered (502), itself, without mitmproxy.
     assert lines == ["HTTP/1.1 502 Bad Gateway", "blocked: mitmproxy", "[]"], done.stdout
+
+
+# ------------------------------------------------------------------------------- the broker
+
+BROKER_LAYERS: dict[str, int] = {
+    # transport: how requests and commands come in
+    "scoperouter.broker.api": 5,
+    "scoperouter.broker.cli": 5,
+    "scoperouter.broker.__main__": 5,
+    # endpoints: one module per OSB endpoint, and the OSB request/response models
+    "scoperouter.broker.osb": 4,
+    "scoperouter.broker.models": 4,
+    # state: the worker and what it runs on; the database; the operator's queries
+    "scoperouter.broker.worker": 3,
+    "scoperouter.broker.runtime": 3,
+    "scoperouter.broker.store": 3,
+    "scoperouter.broker.tables": 3,
+    "scoperouter.broker.engine": 3,
+    "scoperouter.broker.migrate": 3,
+    "scoperouter.broker.migrations": 3,
+    "scoperouter.broker.drift": 3,
+    "scoperouter.broker.describe": 3,
+    # services: the plug-ins (services.base re-exports the contract under its plug-in name)
+    "scoperouter.broker.services": 2,
+    # contract and helpers: what the plug-ins are written against and with
+    "scoperouter.broker.contract": 1,
+    "scoperouter.broker.openstack_helpers": 1,
+    "scoperouter.broker.offerings": 1,
+    "scoperouter.broker.credentials": 1,
+    "scoperouter.broker.placement": 1,
+    "scoperouter.broker.identity": 1,
+    "scoperouter.broker.clouds": 1,
+    "scoperouter.broker.secrets": 1,
+    "scoperouter.broker.config": 1,
+    "scoperouter.broker.logs": 1,
+    "scoperouter.broker.parent": 1,
+    "scoperouter.broker.osbclient": 1,
+    "scoperouter.broker": 1,  # the package's __init__
+}
+LAYER_NAMES = {5: "transport", 4: "endpoints", 3: "state", 2: "services", 1: "contract/helpers"}
+
+
+def layer_of(module: str, layers: dict[str, int]) -> int | None:
+    """The layer of `module`: that of the longest prefix `layers` names (None: unplaced)."""
+    best = max(
+        (p for p in layers if module == p or module.startswith(p + ".")), key=len, default=None
+    )
+    return None if best is None else layers[best]
+
+
+def upward_imports(graph: dict[str, set[str]], layers: dict[str, int]) -> list[str]:
+    """Every import in `graph` (module -> the modules it imports) of a higher layer than the
+    importer's, and every module without a layer."""
+    wrong = []
+    for module, names in sorted(graph.items()):
+        mine = layer_of(module, layers)
+        if mine is None:
+            wrong.append(f"{module} has no layer")
+            continue
+        for name in sorted(names):
+            theirs = layer_of(name, layers)
+            if theirs is not None and theirs > mine:
+                wrong.append(
+                    f"{module} ({LAYER_NAMES.get(mine, mine)}) imports {name} "
+                    f"({LAYER_NAMES.get(theirs, theirs)})"
+                )
+    return wrong
+
+
+def _graph(root: Path, package: Path) -> dict[str, set[str]]:
+    return {
+        ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): {
+            n for n in _imports(path) if n.startswith(package.name)
+        }
+        for path in sorted(package.rglob("*.py"))
+    }
+
+
+def _broker_graph() -> dict[str, set[str]]:
+    return {
+        _module(path): {n for n in _imports(path) if n.startswith("scoperouter.broker")}
+        for path in _sources("broker")
+    }
+
+
+def test_a_broker_layer_never_imports_a_higher_one() -> None:
+    assert not upward_imports(_broker_graph(), BROKER_LAYERS)
+
+
+def test_the_layer_check_finds_an_upward_import(tmp_path: Path) -> None:
+    """The check on a planted case: a tiny package whose helper (the lowest layer) imports a
+    plug-in, as credentials.py and placement.py imported services.base before the contract
+    moved below the services; and a module no layer names. Both are reported; the downward
+    import (the plug-in importing the helper) is not."""
+    pkg = tmp_path / "mini"
+    (pkg / "services").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "services" / "__init__.py").write_text("")
+    (pkg / "services" / "base.py").write_text("from mini.helpers import tag\n")
+    (pkg / "helpers.py").write_text(
+        "def tag():\n    from mini.services.base import Service  # upward\n"
+    )
+    (pkg / "stray.py").write_text("")
+    layers = {"mini.services": 2, "mini.helpers": 1, "mini": 1}
+    graph = _graph(tmp_path, pkg)
+    graph["mini.stray"] = set()
+    assert upward_imports(graph, layers) == [
+        "mini.helpers (contract/helpers) imports mini.services.base (services)",
+        "mini.helpers (contract/helpers) imports mini.services.base.Service (services)",
+    ]
+    unplaced = upward_imports(graph, {"mini.services": 2, "mini.helpers": 1})
+    assert {"mini has no layer", "mini.stray has no layer"} <= set(unplaced)
+
+
+def test_no_import_cycle_in_the_broker() -> None:
+    graph = _broker_graph()
+    modules = set(graph)
+    edges = {m: {n for n in graph[m] if n in modules and n != m} for m in modules}
+    assert not cycles(edges)
+
+
+def test_no_module_of_the_broker_is_over_600_lines() -> None:
+    long = {
+        _module(path): n
+        for path in _sources("broker")
+        if (n := len(path.read_text().splitlines())) > 600
+    }
+    assert not long, long
+
+
+def test_each_broker_command_is_a_module_of_at_most_400_lines() -> None:
+    from scoperouter.broker.cli import COMMANDS
+
+    sizes = {
+        module: len((ROOT / (module.replace(".", "/") + ".py")).read_text().splitlines())
+        for module in COMMANDS.values()
+    }
+    assert all(0 < n <= 400 for n in sizes.values()), sizes

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from scoperouter.broker.store import Base
+from scoperouter.broker.tables import Base
 
 config = context.config
 connection = config.attributes.get("connection")

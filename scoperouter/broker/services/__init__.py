@@ -1,2 +1,2 @@
 """Broker services: plug-ins registered under the entry point group
-``scoperouter.broker.services`` (see :mod:`scoperouter.broker.services.base`)."""
+``scoperouter.broker.services`` (the contract: :mod:`scoperouter.broker.contract`)."""

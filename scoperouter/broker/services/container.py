@@ -36,8 +36,7 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from scoperouter.broker import credentials
-from scoperouter.broker.services import placed
-from scoperouter.broker.services.base import (
+from scoperouter.broker.contract import (
     DRAFT4,
     CatalogEntry,
     Clouds,
@@ -50,7 +49,8 @@ from scoperouter.broker.services.base import (
     Schemas,
     stable_id,
 )
-from scoperouter.broker.services.server import catalog_plans
+from scoperouter.broker.offerings import catalog_plans
+from scoperouter.broker.services import placed
 
 PUBLIC_READ_ACL = ".r:*,.rlistings"
 DELETE_BATCH = 500  # objects deleted per deprovision pass

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from openstack.image.v2.image import Image
 
 from scoperouter.broker import credentials
-from scoperouter.broker.services.base import (
+from scoperouter.broker.contract import (
     DRAFT4,
     CatalogEntry,
     Clouds,
@@ -47,14 +47,13 @@ from scoperouter.broker.services.base import (
     PlanEntry,
     Service,
 )
-from scoperouter.broker.services.server import (
+from scoperouter.broker.offerings import IMAGE_REF, offering
+from scoperouter.broker.openstack_helpers import (
     DEFAULT_BROKER_TAG,
-    IMAGE_REF,
     bind_credentials,
     error_text,
     find_image,
     instance_tag,
-    offering,
     short,
     space_project,
 )
@@ -223,7 +222,7 @@ class ImageService(Service):
         )
 
     def _locate(
-        self, clouds: Clouds, target: str, ref: str, source_cloud: Any
+        self, clouds: Clouds, target: str, ref: str, source_cloud: str | None
     ) -> dict[str, Any] | Failed:
         """The source image's facts, looked up through the target's router with a scope."""
         names = clouds.names()

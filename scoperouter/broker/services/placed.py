@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from scoperouter.broker import placement
-from scoperouter.broker.services.base import (
+from scoperouter.broker.contract import (
     CatalogEntry,
     Clouds,
     Failed,
@@ -27,7 +27,7 @@ from scoperouter.broker.services.base import (
     PlanEntry,
     Service,
 )
-from scoperouter.broker.services.server import error_text, space_project
+from scoperouter.broker.openstack_helpers import error_text, space_project
 
 WHERE_PARAMETER = "where"
 RETRY_SECONDS = 15.0  # no cloud could be asked: ask again this much later

@@ -27,14 +27,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from scoperouter.broker import credentials
-from scoperouter.broker.identity import (
-    INSTANCE_TAG_PREFIX,
-    MANAGED_TAG,
-    instance_tag,
-    keystone,
-    space_of,
-)
-from scoperouter.broker.services.base import (
+from scoperouter.broker.contract import (
     DRAFT4,
     CatalogEntry,
     Done,
@@ -48,6 +41,13 @@ from scoperouter.broker.services.base import (
     Schemas,
     Service,
     stable_id,
+)
+from scoperouter.broker.identity import (
+    INSTANCE_TAG_PREFIX,
+    MANAGED_TAG,
+    instance_tag,
+    keystone,
+    space_of,
 )
 
 NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$"

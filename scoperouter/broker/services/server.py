@@ -31,19 +31,13 @@ policy for the broker's account (what it has in the lab; the sample config says 
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
-import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from scoperouter.broker import credentials, placement
-from scoperouter.broker.identity import (
-    INSTANCE_TAG_PREFIX,
-    space_of,
-)
-from scoperouter.broker.services.base import (
+from scoperouter.broker.contract import (
     DRAFT4,
     CatalogEntry,
     Clouds,
@@ -51,194 +45,39 @@ from scoperouter.broker.services.base import (
     Failed,
     Found,
     InvalidParameters,
-    JSONSchema,
     OperationContext,
     OperationKind,
     Outcome,
     Pending,
     PlanEntry,
-    Schemas,
     Service,
-    stable_id,
 )
+from scoperouter.broker.offerings import IMAGE_REF, offering
+from scoperouter.broker.openstack_helpers import (
+    DEFAULT_BROKER_TAG,
+    METADATA_KEY,
+    bind_credentials,
+    error_text,
+    find_image,
+    refusal,
+    short,
+    space_project,
+)
+
+# moved to scoperouter.broker.openstack_helpers; re-exported for services/ansible (lead
+# removes after merge)
+from scoperouter.broker.openstack_helpers import instance_tag as instance_tag
 from scoperouter.scope import CloudName, Scope
 
 if TYPE_CHECKING:
+    from openstack.compute.v2.server import Server
     from openstack.connection import Connection
 
-METADATA_KEY = "osb_instance_id"
-DEFAULT_BROKER_TAG = "osb"
 # nova: user_data is base64 of at most 65535 bytes -> 49149 bytes of text
 MAX_USER_DATA_BYTES = 49149
 TRANSIENT_RETRIES = 3  # transient errors (5xx, network) tolerated per candidate before moving on
 POLL_SECONDS = 2.0
 RETRY_SECONDS = 15.0  # no cloud could be asked: ask again this much later
-_TAG_SAFE = re.compile(r"[A-Za-z0-9._:-]{1,47}\Z")  # 13 + 47 = nova's 60
-
-
-# ------------------------------------------------------------- shared by the services
-
-
-def instance_tag(instance_id: str) -> str:
-    """The nova/glance tag of what an instance owns: ``osb-instance-<id>`` as on keystone
-    projects (identity.py) when it fits a nova tag (<= 60 characters, no ``/`` or ``,``), else
-    ``osb-instance-<sha256 prefix>``."""
-    if _TAG_SAFE.match(instance_id):
-        return f"{INSTANCE_TAG_PREFIX}{instance_id}"
-    return INSTANCE_TAG_PREFIX + hashlib.sha256(instance_id.encode()).hexdigest()[:40]
-
-
-def catalog_plans(
-    service: str,
-    settings: Mapping[str, Any],
-    schemas: Schemas,
-    required: Sequence[str] = (),
-) -> tuple[PlanEntry, ...]:
-    """The plans of a service from its config section (``plans``: a list of mappings with
-    ``name``, ``description``, optional ``id``, ``free``, ``bindable``, ``metadata``,
-    ``maximum_polling_duration``; every other key is the plan's own setting). Raises ValueError
-    naming the plan when a setting in `required` is missing."""
-    raw = settings.get("plans") or []
-    if not isinstance(raw, list) or not raw:
-        raise ValueError(f"{service}: plans: expected a non-empty list")
-    known = {"id", "name", "description", "free", "bindable", "metadata"}
-    known.add("maximum_polling_duration")
-    plans = []
-    for index, plan in enumerate(raw):
-        if not isinstance(plan, Mapping) or not plan.get("name"):
-            raise ValueError(f"{service}: plans[{index}]: expected a mapping with a name")
-        own = {k: v for k, v in plan.items() if k not in known}
-        for key in required:
-            if not own.get(key):
-                raise ValueError(f"{service}: plans[{index}] ({plan['name']}): {key} is required")
-        plans.append(
-            PlanEntry(
-                id=str(plan.get("id") or stable_id(service, str(plan["name"]))),
-                name=str(plan["name"]),
-                description=str(plan.get("description") or plan["name"]),
-                free=bool(plan.get("free", True)),
-                bindable=plan.get("bindable"),
-                schemas=schemas,
-                maximum_polling_duration=plan.get("maximum_polling_duration"),
-                metadata=dict(plan.get("metadata") or {}),
-                settings=own,
-            )
-        )
-    return tuple(plans)
-
-
-def offering(
-    service: str,
-    settings: Mapping[str, Any],
-    instance_schema: JSONSchema,
-    *,
-    description: str,
-    display_name: str,
-    tags: tuple[str, ...],
-    required: Sequence[str] = (),
-) -> CatalogEntry:
-    """A bindable service's catalog entry from its config section: the id and description the
-    config gives (else stable ones), its plans (:func:`catalog_plans`), one create schema."""
-    schemas = Schemas(instance_create=instance_schema)
-    return CatalogEntry(
-        id=str(settings.get("id") or stable_id(service)),
-        name=service,
-        description=str(settings.get("description") or description),
-        plans=catalog_plans(service, settings, schemas, required=required),
-        bindable=True,
-        tags=tags,
-        metadata={"displayName": display_name},
-    )
-
-
-IMAGE_REF: JSONSchema = {"type": "string", "minLength": 1, "maxLength": 255}
-
-
-def refusal(exc: BaseException) -> str | None:
-    """What a cloud's error means for placement: the reason when the cloud refused (an HTTP 4xx
-    other than 408/429: quota, a bad flavor or image, no key pair, no access), None when it is
-    worth retrying (5xx, timeouts, the network)."""
-    from openstack import exceptions
-
-    if isinstance(exc, exceptions.HttpException):
-        status = exc.status_code or 0
-        if 400 <= status < 500 and status not in (408, 429):
-            return error_text(exc)
-    return None
-
-
-def error_text(exc: BaseException) -> str:
-    """An error for a description: ``<status>: <what the service said>`` for an HTTP error
-    (openstacksdk keeps the service's message in `details`), else its first line."""
-    from openstack import exceptions
-
-    if isinstance(exc, exceptions.HttpException) and exc.status_code:
-        return f"{exc.status_code}: {short(exc.details or exc.message)}"
-    return short(exc)
-
-
-def short(text: object, limit: int = 300) -> str:
-    """The first line of an error, at most `limit` characters (descriptions stay readable)."""
-    first = str(text).strip().splitlines()[0] if str(text).strip() else "no details"
-    return first if len(first) <= limit else first[: limit - 3] + "..."
-
-
-def find_image(conn: Connection, ref: str) -> Any | None:
-    """An active image by id or name through `conn` (None: none visible). Raises ValueError
-    when the name is ambiguous (several images of that name)."""
-    from openstack import exceptions
-
-    try:
-        image = conn.image.find_image(ref, ignore_missing=True)
-    except exceptions.DuplicateResource:
-        raise ValueError(f"several images are named {ref!r}; give its id") from None
-    if image is None or image.status != "active":
-        return None
-    return image
-
-
-def space_project(op: OperationContext, cloud: str) -> str:
-    """The keystone project of the instance's platform space in `cloud` (identity.py: created
-    on first use, the broker's user holding the binding roles there), with the identity
-    table's grants to the platform user applied. Remembered in the operation's progress, so
-    later passes do not ask keystone again."""
-    known = dict(op.progress.get("projects") or {})
-    if cloud in known:
-        return str(known[cloud])
-    conn = op.clouds.connect(cloud)
-    space = space_of(op.context, platforms=op.identity.config.platforms)
-    project_id = op.identity.space_project(conn, space)
-    granted = op.identity.grant_mapped(conn, cloud, project_id, op.originating_identity)
-    if granted:
-        op.log.info("granted %s on project %s in %s", ", ".join(granted), project_id, cloud)
-    op.save(projects={**known, cloud: project_id})
-    return project_id
-
-
-def bind_credentials(
-    op: OperationContext, settings: Mapping[str, Any], extra: Mapping[str, Any]
-) -> Outcome:
-    """A bind of an instance living in one project of one cloud: an application credential on
-    that project (credentials.py), the clouds.yaml entry carrying the instance's routing scope
-    (so the application sees what the instance was built with), plus `extra` facts."""
-    cloud = op.instance.cloud
-    project_id = op.instance.resources.get("project_id")
-    if not cloud or not project_id:
-        return Failed("the instance has nothing to bind to (it was not provisioned)")
-    if op.cancelled:
-        return Failed("stopped: an unbind request arrived")
-    policy = credentials.CredentialPolicy.from_settings(
-        {**settings, **op.plan.settings}, op.identity.config.binding_roles
-    )
-    scope_text = op.instance.resources.get("scope")
-    return credentials.issue(
-        op,
-        cloud=cloud,
-        project_id=str(project_id),
-        policy=policy,
-        scope=json.loads(scope_text) if scope_text else None,
-        extra=extra,
-    )
 
 
 # ------------------------------------------------------------------------ the service
@@ -554,7 +393,7 @@ class ServerService(Service):
         return body
 
     def _active(
-        self, op: OperationContext, target: Target, project_id: str, server: Any
+        self, op: OperationContext, target: Target, project_id: str, server: Server
     ) -> Outcome:
         op.set_cloud(target.cloud)
         op.set_resources(
@@ -663,7 +502,7 @@ class ServerService(Service):
 
     # ------------------------------------------------------------------------ helpers
 
-    def _find(self, conn: Connection, instance_id: str) -> Any | None:
+    def _find(self, conn: Connection, instance_id: str) -> Server | None:
         """The instance's server in the connection's project (the oldest, should a second
         exist)."""
         found = list(conn.compute.servers(tags=instance_tag(instance_id)))
@@ -671,7 +510,7 @@ class ServerService(Service):
         return found[0] if found else None
 
 
-def _tagged(clouds: Clouds, cloud: str, tag: str) -> Iterator[Any]:
+def _tagged(clouds: Clouds, cloud: str, tag: str) -> Iterator[Server]:
     """Servers carrying `tag` in every project of `cloud` (the broker account's view)."""
     yield from clouds.connect(cloud).compute.servers(all_projects=True, tags=tag)
 
@@ -681,7 +520,7 @@ def _delete(clouds: Clouds, cloud: str, server_id: str, project_id: str | None) 
     conn.compute.delete_server(server_id, ignore_missing=True)
 
 
-def _get_server(conn: Connection, server_id: str) -> Any | None:
+def _get_server(conn: Connection, server_id: str) -> Server | None:
     from openstack import exceptions
 
     try:

@@ -32,11 +32,10 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from scoperouter.broker import credentials
-from scoperouter.broker.services import placed
-from scoperouter.broker.services.base import (
+from scoperouter.broker.contract import (
     DRAFT4,
     CatalogEntry,
     Clouds,
@@ -54,7 +53,12 @@ from scoperouter.broker.services.base import (
     Schemas,
     stable_id,
 )
-from scoperouter.broker.services.server import catalog_plans
+from scoperouter.broker.offerings import catalog_plans
+from scoperouter.broker.services import placed
+
+if TYPE_CHECKING:
+    from openstack.block_storage.v3._proxy import Proxy as BlockStorage
+    from openstack.block_storage.v3.volume import Volume
 
 METADATA_KEY = "osb_instance_id"
 SERVER_SERVICE = "openstack-server"
@@ -171,7 +175,7 @@ class VolumeService(placed.PlacedService):
     # ------------------------------------------------------------------------ helpers
 
     @staticmethod
-    def _find(op: OperationContext, block: Any) -> Any | None:
+    def _find(op: OperationContext, block: BlockStorage) -> Volume | None:
         """The instance's volume: by the recorded id, else by name and metadata."""
         from openstack import exceptions
 
