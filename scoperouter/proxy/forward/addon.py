@@ -6,7 +6,10 @@ order:
 
 * ``requestheaders``: the facts (the absolute URL), :meth:`~Pipeline.route`, then for one
   cloud :meth:`~Pipeline.prepare` (breaker, token swap, loop) and the flow pointed at the
-  plan's URL with its header edits (the client's ``Host`` is kept); a refusal is answered
+  plan's URL with its header edits (the client's ``Host`` is kept); identity fields only
+  keystonemiddleware sets are dropped first and a path a backend could resolve elsewhere is
+  refused (400), as on the frontends (:func:`~scoperouter.http.heads.strip_identity`,
+  :func:`~scoperouter.http.heads.check_path`); a refusal is answered
   here (a streamed body's through the error path, :data:`REJECT_HOST`);
 * ``request``: ``A & B`` / ``A | B`` answered by :meth:`~Pipeline.combine` (bodies up to
   mitmproxy's streaming threshold); the response timeout starts;
@@ -44,6 +47,7 @@ from mitmproxy.connection import Client
 from mitmproxy.proxy import server_hooks
 
 from scoperouter.errors import Reject, status_title
+from scoperouter.http import heads
 from scoperouter.proxy.forward import guard, mitm
 from scoperouter.proxy.forward.intercept import catalog_host, idna_forms, normal_host
 from scoperouter.proxy.forward.timeouts import Deadlines
@@ -62,6 +66,7 @@ from scoperouter.semantics import header_map
 logger = logging.getLogger("scoperouter")
 
 META = "scoperouter"
+_IDENTITY = heads.IDENTITY_NAMES.keys()
 REJECT_HOST = "reject.scoperouter.invalid"
 """Where a refused request with a streamed body is sent: ``server_connect`` fails that
 connection before any I/O, and the client gets the refusal through the error path."""
@@ -159,10 +164,19 @@ class ForwardAddon:
         path = request.path.partition("?")[0]
         url = f"{request.scheme}://{request.host}:{request.port}{path}"
         # In one pass over the fields: a lookup by name in mitmproxy's Headers scans them all.
-        state = new_state(request.method, url, header_map(request.headers.fields))
+        headers = header_map(request.headers.fields)
+        state = new_state(request.method, url, headers)
         entry = _Flow(state, Deadlines(flow.client_conn))
         flow.metadata[META] = entry
         self.inflight[flow.client_conn.id] = entry
+        hazard = heads.check_path(request.data.path)  # the path as sent, as on the frontends
+        if hazard is not None:
+            _answer(flow, state, Reject(400, hazard))
+            return
+        if not _IDENTITY.isdisjoint(headers):  # forged: only keystonemiddleware sets them
+            fields, names = heads.strip_identity(list(request.headers.fields), headers)
+            request.headers.fields = tuple(fields)
+            self.pipeline.stripped(state, names)
         facts = RequestFacts(
             method=request.method,
             scheme=request.scheme,
