@@ -6,6 +6,7 @@ the frontends' rules of ``test_forged`` hold there too.
   only) and counted, and never reach the backend;
 * a path a backend could resolve elsewhere (``/network/../placement/...``, ``%2E``, ``%2F``, a
   backslash) is a 400 with the frontends' message, and nothing reaches the backend;
+* on the plain forward proxy, ``Host`` is the absolute URL's authority (RFC 9112 3.2.2).
 """
 
 from __future__ import annotations
@@ -94,6 +95,31 @@ def test_a_path_a_backend_could_resolve_elsewhere_is_refused_by_the_forward_prox
     time.sleep(0.2)
     assert len(named.requests) == before
     assert not received(named, b"placement") and not received(named, b"networks")
+
+
+def test_the_plain_forward_proxy_sends_the_urls_authority_as_host(setup: Setup) -> None:
+    """RFC 9112 3.2.2: a proxy replaces a Host that disagrees with the absolute-form target
+    (it was passed on: the backend saw an authority nobody routed); one naming the target, in
+    any spelling, is kept as written."""
+    plain = setup.plain
+    authority = f"{plain.host}:{plain.port}".encode()
+    for host in (b"127.0.8.99", b"evil.example:443", b"%s:1" % plain.host.encode()):
+        plain.clear()
+        data = b"GET http://%s/v3/host-replaced HTTP/1.1\r\nHost: %s\r\n\r\n" % (authority, host)
+        reply = raw_exchange(*setup.proxy, data)
+        assert reply.status == 200, reply
+        [got] = plain.requests
+        assert got.values(b"host") == [authority], (host, got.fields)
+    named = setup.named
+    named.clear()
+    data = b"GET http://localhost:%d/kept HTTP/1.1\r\nHost: LocalHost:%d\r\n\r\n" % (
+        named.port,
+        named.port,
+    )
+    reply = raw_exchange(*setup.proxy, data)
+    assert reply.status == 200, reply
+    [got] = named.requests
+    assert got.values(b"host") == [b"LocalHost:%d" % named.port], got.fields
 
 
 def test_no_traceback_in_the_routers_log(setup: Setup) -> None:

@@ -6,7 +6,8 @@ order:
 
 * ``requestheaders``: the facts (the absolute URL), :meth:`~Pipeline.route`, then for one
   cloud :meth:`~Pipeline.prepare` (breaker, token swap, loop) and the flow pointed at the
-  plan's URL with its header edits (the client's ``Host`` is kept); identity fields only
+  plan's URL with its header edits (``Host`` is the absolute URL's authority, RFC 9112
+  3.2.2, whatever the client wrote; in a tunnel the client's, checked); identity fields only
   keystonemiddleware sets are dropped first and a path a backend could resolve elsewhere is
   refused (400), as on the frontends (:func:`~scoperouter.http.heads.strip_identity`,
   :func:`~scoperouter.http.heads.check_path`); a refusal is answered
@@ -214,7 +215,11 @@ class ForwardAddon:
         entry.plan = planned
         if "upgrade" in state.headers:  # without "Connection: upgrade" (else refused: 400),
             del request.headers["upgrade"]  # dropped as the frontends drop it (hop-by-hop)
-        if "host" not in state.headers:  # RFC 9112 3.2.2: the target's authority is the Host
+        if inside is None:  # RFC 9112 3.2.2: a proxy replaces Host with the target's authority
+            authority = _authority(request)
+            if state.headers.get("host", "").lower() not in _spellings(request, authority):
+                request.headers["Host"] = authority  # (one that names it is kept as written)
+        elif "host" not in state.headers:  # in a tunnel: the Host named it (or none came)
             request.headers["Host"] = f"{request.host}:{request.port}"
         request.scheme = planned.scheme
         request.data.host = planned.host
@@ -410,6 +415,20 @@ def _misdirected(what: str, named: str, host: str, port: int) -> Reject:
         f"the request's {what} names {named[:200]!r}: this is a tunnel to {where[:210]} "
         "(send the path, with that authority or none, in the tunnel of the host it is for)",
     )
+
+
+def _authority(request: http.Request) -> str:
+    """The absolute URL's authority (mitmproxy has made the target origin-form already): its
+    host (IPv6 in brackets), and its port unless the scheme's default (RFC 9110 4.2.1)."""
+    host = f"[{request.host}]" if ":" in request.host else request.host
+    default = {"http": 80, "https": 443}.get(request.scheme)
+    return host if request.port == default else f"{host}:{request.port}"
+
+
+def _spellings(request: http.Request, authority: str) -> tuple[str, str]:
+    """How a Host field may name the URL's authority (lower-case): its port left out or not."""
+    lower = authority.lower()
+    return lower, (lower if lower.endswith(f":{request.port}") else f"{lower}:{request.port}")
 
 
 def _entry(flow: http.HTTPFlow) -> _Flow | None:
