@@ -19,7 +19,7 @@ from mitmproxy.test import tflow
 
 from scoperouter.catalog import Limits
 from scoperouter.proxy.forward import guard
-from scoperouter.proxy.forward.addon import REJECT_HOST, ForwardAddon, _Flow
+from scoperouter.proxy.forward.addon import REJECT_HOST, ForwardAddon, _authority, _Flow, _spellings
 from scoperouter.router.config import RouterConfig
 from scoperouter.routing import Forward
 
@@ -70,10 +70,31 @@ def test_a_proxied_request_is_pointed_at_its_route(addon: ForwardAddon) -> None:
     assert state.path == "http://127.0.1.3:9292/v2/images"  # absolute in the access log
     request = flow.request
     assert (request.host, request.port, request.path) == ("127.0.0.3", 9292, "/v2/images")
-    assert request.host_header == "127.0.1.3:9292"  # the client's Host is kept
+    assert request.host_header == "127.0.1.3:9292"  # the URL's authority (RFC 9112 3.2.2)
     assert request.headers["x-scope-hops"] == "1"
     assert request.headers["x-scope-request-id"] == state.request_id
     assert flow.response is None
+
+
+@pytest.mark.parametrize(
+    ("scheme", "host", "port", "sent"),
+    [
+        ("http", "127.0.1.3", 9292, "127.0.1.3:9292"),
+        ("http", "glance.example", 80, "glance.example"),
+        ("https", "glance.example", 443, "glance.example"),
+        ("https", "glance.example", 80, "glance.example:80"),
+        ("http", "fd00::3", 9292, "[fd00::3]:9292"),
+    ],
+)
+def test_the_host_sent_on_is_the_urls_authority(
+    scheme: str, host: str, port: int, sent: str
+) -> None:
+    flow = proxied(host, port)
+    flow.request.scheme = scheme
+    assert _authority(flow.request) == sent
+    # a Host naming it (any case; a default port written or not) is kept as written
+    explicit = sent if sent.endswith(f":{port}") else f"{sent}:{port}"
+    assert set(_spellings(flow.request, sent)) == {sent.lower(), explicit.lower()}
 
 
 def test_a_refusal_is_answered_with_openstack_json(addon: ForwardAddon) -> None:

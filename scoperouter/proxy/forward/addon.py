@@ -6,7 +6,11 @@ order:
 
 * ``requestheaders``: the facts (the absolute URL), :meth:`~Pipeline.route`, then for one
   cloud :meth:`~Pipeline.prepare` (breaker, token swap, loop) and the flow pointed at the
-  plan's URL with its header edits (the client's ``Host`` is kept); a refusal is answered
+  plan's URL with its header edits (``Host`` is the absolute URL's authority, RFC 9112
+  3.2.2, whatever the client wrote; in a tunnel the client's, checked); identity fields only
+  keystonemiddleware sets are dropped first and a path a backend could resolve elsewhere is
+  refused (400), as on the frontends (:func:`~scoperouter.http.heads.strip_identity`,
+  :func:`~scoperouter.http.heads.check_path`); a refusal is answered
   here (a streamed body's through the error path, :data:`REJECT_HOST`);
 * ``request``: ``A & B`` / ``A | B`` answered by :meth:`~Pipeline.combine` (bodies up to
   mitmproxy's streaming threshold); the response timeout starts;
@@ -44,6 +48,7 @@ from mitmproxy.connection import Client
 from mitmproxy.proxy import server_hooks
 
 from scoperouter.errors import Reject, status_title
+from scoperouter.http import heads
 from scoperouter.proxy.forward import guard, mitm
 from scoperouter.proxy.forward.intercept import catalog_host, idna_forms, normal_host
 from scoperouter.proxy.forward.timeouts import Deadlines
@@ -62,6 +67,7 @@ from scoperouter.semantics import header_map
 logger = logging.getLogger("scoperouter")
 
 META = "scoperouter"
+_IDENTITY = heads.IDENTITY_NAMES.keys()
 REJECT_HOST = "reject.scoperouter.invalid"
 """Where a refused request with a streamed body is sent: ``server_connect`` fails that
 connection before any I/O, and the client gets the refusal through the error path."""
@@ -159,10 +165,19 @@ class ForwardAddon:
         path = request.path.partition("?")[0]
         url = f"{request.scheme}://{request.host}:{request.port}{path}"
         # In one pass over the fields: a lookup by name in mitmproxy's Headers scans them all.
-        state = new_state(request.method, url, header_map(request.headers.fields))
+        headers = header_map(request.headers.fields)
+        state = new_state(request.method, url, headers)
         entry = _Flow(state, Deadlines(flow.client_conn))
         flow.metadata[META] = entry
         self.inflight[flow.client_conn.id] = entry
+        hazard = heads.check_path(request.data.path)  # the path as sent, as on the frontends
+        if hazard is not None:
+            _answer(flow, state, Reject(400, hazard))
+            return
+        if not _IDENTITY.isdisjoint(headers):  # forged: only keystonemiddleware sets them
+            fields, names = heads.strip_identity(list(request.headers.fields), headers)
+            request.headers.fields = tuple(fields)
+            self.pipeline.stripped(state, names)
         facts = RequestFacts(
             method=request.method,
             scheme=request.scheme,
@@ -200,7 +215,11 @@ class ForwardAddon:
         entry.plan = planned
         if "upgrade" in state.headers:  # without "Connection: upgrade" (else refused: 400),
             del request.headers["upgrade"]  # dropped as the frontends drop it (hop-by-hop)
-        if "host" not in state.headers:  # RFC 9112 3.2.2: the target's authority is the Host
+        if inside is None:  # RFC 9112 3.2.2: a proxy replaces Host with the target's authority
+            authority = _authority(request)
+            if state.headers.get("host", "").lower() not in _spellings(request, authority):
+                request.headers["Host"] = authority  # (one that names it is kept as written)
+        elif "host" not in state.headers:  # in a tunnel: the Host named it (or none came)
             request.headers["Host"] = f"{request.host}:{request.port}"
         request.scheme = planned.scheme
         request.data.host = planned.host
@@ -396,6 +415,20 @@ def _misdirected(what: str, named: str, host: str, port: int) -> Reject:
         f"the request's {what} names {named[:200]!r}: this is a tunnel to {where[:210]} "
         "(send the path, with that authority or none, in the tunnel of the host it is for)",
     )
+
+
+def _authority(request: http.Request) -> str:
+    """The absolute URL's authority (mitmproxy has made the target origin-form already): its
+    host (IPv6 in brackets), and its port unless the scheme's default (RFC 9110 4.2.1)."""
+    host = f"[{request.host}]" if ":" in request.host else request.host
+    default = {"http": 80, "https": 443}.get(request.scheme)
+    return host if request.port == default else f"{host}:{request.port}"
+
+
+def _spellings(request: http.Request, authority: str) -> tuple[str, str]:
+    """How a Host field may name the URL's authority (lower-case): its port left out or not."""
+    lower = authority.lower()
+    return lower, (lower if lower.endswith(f":{request.port}") else f"{lower}:{request.port}")
 
 
 def _entry(flow: http.HTTPFlow) -> _Flow | None:
