@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 from scoperouter.broker import credentials
 from scoperouter.broker.config import BrokerConfigError
 from scoperouter.broker.services import placed
+from scoperouter.broker.services.ansible import sandbox
 from scoperouter.broker.services.ansible.pack import Pack, load_pack
 from scoperouter.broker.services.ansible.playbook import (
     Playbooks,
@@ -84,10 +85,13 @@ class AnsibleService(placed.PlacedService):
         self.pack.check_clouds(clouds.names())
         self.placement = self.pack.spec.placement
         self._catalog = self.pack.catalog(clouds.names())
+        where = f"services.{self.name}"
         self.playbooks = Playbooks(
             Path(str(settings.get("work_dir") or default_work_dir(self.name))),
             ansible_playbook=settings.get("ansible_playbook"),
             collections_path=settings.get("collections_path"),
+            run_as=sandbox.run_as(settings.get("run_as"), where),
+            sandbox=sandbox.sandbox(settings, where),
         )
         self.policy = credentials.CredentialPolicy(
             roles=tuple(self.pack.spec.binding.roles or ("member",)),
