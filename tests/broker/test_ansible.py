@@ -139,6 +139,7 @@ def test_a_pack_s_lifecycle_through_the_osb_api(pack: PackHarness) -> None:
     schemas = service["plans"][0]["schemas"]
     assert schemas["service_instance"]["update"]["parameters"]["properties"].keys() == {
         "content",
+        "labels",
         "fail",
     }
     assert "where" not in schemas["service_instance"]["create"]["parameters"]["properties"]

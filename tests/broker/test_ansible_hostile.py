@@ -129,11 +129,12 @@ def test_every_value_reaches_the_test_pack_as_literal_text(db_url: str, tmp_path
 class StubClouds(PackClouds):
     """FakeCloud, every service at the stub OpenStack."""
 
-    def __init__(self, stub: StubServer) -> None:
+    def __init__(self, stub: StubServer, suffix: str = "") -> None:
         self.stub = stub
+        self.suffix = suffix  # what a hostile catalog adds to the object-store endpoint
 
     def endpoints(self, cloud: str, **_: Any) -> dict[str, str]:
-        return {"object-store": f"{self.stub.url}/swift/v1/AUTH_p"}
+        return {"object-store": f"{self.stub.url}/swift/v1/AUTH_p{self.suffix}"}
 
     def session_entry(self, cloud: str, **_: Any) -> dict[str, Any]:
         return self.stub.cloud_entry()
@@ -153,7 +154,9 @@ def _example_pack(tmp: Path, name: str) -> Path:
 
 
 class ExampleHarness(Harness):
-    def __init__(self, db_url: str, tmp: Path, name: str, stub: StubServer) -> None:
+    def __init__(
+        self, db_url: str, tmp: Path, name: str, stub: StubServer, suffix: str = ""
+    ) -> None:
         data = config_data(db_url, tmp)
         data["services"] = {
             name: {
@@ -165,7 +168,7 @@ class ExampleHarness(Harness):
             }
         }
         broker = pack_broker(data, generate_key())
-        broker.clouds = StubClouds(stub)
+        broker.clouds = StubClouds(stub, suffix)
         for service in broker.services.values():
             service.clouds = broker.clouds  # type: ignore[attr-defined]
         (tmp / "cloud").mkdir(exist_ok=True)
@@ -251,11 +254,14 @@ def test_the_object_storage_pack_takes_hostile_context_as_data(
     db_url: str, tmp_path: Path, stub: StubServer
 ) -> None:
     """openstack-object-storage has no string parameter (public_read is a boolean): its runs
-    get the payloads in the request's context and in the instance's kept metadata; the
-    container is made, its ACL set, bound and removed; nothing is evaluated."""
-    h = ExampleHarness(db_url, tmp_path, "openstack-object-storage", stub)
+    get the payloads in the request's context, and in the endpoint a cloud's catalog gives
+    (osb_endpoints), which provision publishes as the storage URL (kept metadata) and bind
+    reads back from the database; the container is made, its ACL set, bound and removed;
+    nothing is evaluated."""
     canary = tmp_path / "canary"
     values = hostile.templates(canary)
+    suffix = f"/{values[3]}/{values[0]}"
+    h = ExampleHarness(db_url, tmp_path, "openstack-object-storage", stub, suffix)
     last = h.run("provision", "box-1", {"public_read": True}, context=_context(values))
     assert last["state"] == "succeeded", last
     assert stub.containers == {"osb-box-1"}
@@ -263,6 +269,8 @@ def test_the_object_storage_pack_takes_hostile_context_as_data(
     assert h.run("bind", "box-1", {}, binding="b-1")["state"] == "succeeded"
     credentials = h.client.get("/v2/service_instances/box-1/service_bindings/b-1").json()
     assert credentials["credentials"]["container"] == "osb-box-1"
+    url = f"{stub.url}/swift/v1/AUTH_p{suffix}/osb-box-1"
+    assert credentials["credentials"]["storage_url"] == url
     assert h.run("unbind", "box-1", {}, binding="b-1")["state"] == "gone"
     assert h.run("deprovision", "box-1", {})["state"] == "gone"
     assert stub.containers == set()

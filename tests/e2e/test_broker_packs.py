@@ -10,6 +10,7 @@
   scope), with its own key pair and security group (the lab's network stand-in); the binding
   holds the private key of the key pair nova has, and an application credential used with the
   `openstack` CLI; unbind revokes it; deprovision removes the server, key pair and group.
+- Every run as an unprivileged user (``nobody``, a root broker's default) in bubblewrap.
 - A broker SIGKILLed while its provision playbook boots the server: the restarted broker runs
   the playbook again, which replaces what the dead run built with a key it lost; one server,
   one key pair, one group, and the operation finishes.
@@ -18,6 +19,8 @@
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -164,6 +167,9 @@ def test_server_keypair_pack_in_cloudone_from_cloudtwos_image_full_lifecycle(
     # the broker logged what ran, never the key or the credential's secret
     log = env.log.read_text()
     assert "running provision.yml in CloudOne" in log
+    if os.geteuid() == 0:  # a root broker (the lab's, CI's) runs packs as nobody, in bwrap
+        nobody = pwd.getpwnam("nobody").pw_uid
+        assert f"{SERVER}: playbooks run as nobody (uid {nobody}), in bwrap" in log
     assert creds["application_credential_secret"] not in log and "PRIVATE KEY" not in log
     assert creds["private_key"].splitlines()[1] not in log
     record_property("wall_seconds", round(time.monotonic() - started, 1))

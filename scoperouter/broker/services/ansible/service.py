@@ -21,6 +21,7 @@ lease meanwhile; the description shows the running task). What makes it safe to 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -55,6 +56,8 @@ SECRETS_KEY = "osb_secrets"  # in set_stats: kept encrypted, never in metadata
 RESERVED = ("cloud", "project_id", "scope")  # instance metadata the broker sets
 RETRY_SECONDS = 10.0
 BROKER_TAG = "osb"
+
+log = logging.getLogger("scoperouter.broker.ansible")
 
 
 def service_class(name: str) -> type[AnsibleService]:
@@ -92,6 +95,13 @@ class AnsibleService(placed.PlacedService):
             collections_path=settings.get("collections_path"),
             run_as=sandbox.run_as(settings.get("run_as"), where),
             sandbox=sandbox.sandbox(settings, where),
+        )
+        who = self.playbooks.run_as
+        log.info(
+            "%s: playbooks run as %s, %s",
+            where,
+            f"{who.name} (uid {who.uid})" if who else f"the broker's user (uid {os.geteuid()})",
+            "in bwrap" if self.playbooks.sandbox else "without a sandbox",
         )
         self.policy = credentials.CredentialPolicy(
             roles=tuple(self.pack.spec.binding.roles or ("member",)),
