@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from scoperouter import client
 from scoperouter.broker.config import BrokerConfigError
 from scoperouter.broker.services.ansible import sandbox
 from tests.broker.ansible_harness import RUN_AS
@@ -37,7 +38,9 @@ def test_a_run_is_the_configured_user_and_cannot_read_the_broker_s_secrets(
     assert database.is_file(), db_url
     for path in (keys, database):
         os.chmod(path, 0o644)  # readable by anyone on the host: only the sandbox hides them
-    probes = [str(keys), str(database), str(tmp_path / "pack" / "service.yml")]
+    # what a run needs: the pack, and scoperouter's client (a scoped run's connection hook)
+    needed = [str(tmp_path / "pack" / "service.yml"), str(Path(client.__file__).resolve())]
+    probes = [str(keys), str(database), *needed]
     h = PackHarness(db_url, tmp_path, plan_vars={"probe_paths": probes})
     try:
         response = h.provision("probe-1", {"content": "x"})
@@ -48,9 +51,9 @@ def test_a_run_is_the_configured_user_and_cannot_read_the_broker_s_secrets(
         seen = h.client.get("/v2/service_instances/probe-1").json()["metadata"]["attributes"]
         expected = pwd.getpwnam(RUN_AS).pw_uid if os.geteuid() == 0 else os.geteuid()
         assert seen["run_uid"] == expected, seen
-        # the pack itself is readable (the run needs it); the key file and the database are
-        # not there, nor anything of their folder but what the run was given
-        assert seen["read"] == [probes[2]], seen
+        # what it needs is readable; the key file and the database are not there, nor
+        # anything of their folder but what the run was given
+        assert seen["read"] == needed, seen
         listed = seen["listed"]
         assert str(keys) not in listed and str(database) not in listed, listed
         # the file the run made in its writable folder is the run's user's

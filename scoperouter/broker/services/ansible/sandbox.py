@@ -159,6 +159,9 @@ def python_paths() -> list[str]:
     out.add(os.path.realpath(os.path.dirname(os.path.realpath(sys.executable))))
     # the venv's own bin (sys.executable may be a link into the base interpreter)
     out.add(os.path.dirname(os.path.abspath(sys.executable)))
+    # scoperouter itself (a scoped run's clouds.yaml names scoperouter.client:connection_hook),
+    # wherever it is installed (an editable install: the checkout's package folder alone)
+    out.add(os.path.realpath(Path(__file__).resolve().parents[3]))
     return sorted(out)
 
 
