@@ -218,3 +218,26 @@ def test_sigkill_during_an_ansible_provision(lab, clouds, fed, tmp_path, request
         record_property("wall_seconds", round(time.monotonic() - started, 1))
     finally:
         env.stop()
+
+
+def test_hostile_image_and_network_parameters_are_names_on_the_lab(env, clouds, fed, tmp_path):
+    """Issue 30 finding 1 as found on the lab, through the OSB API: the shipped server pack
+    provisioned with a pipe lookup as its image, the broker's HOME as its network, 7*7 as
+    both. Each fails on the image it cannot find, named as the literal text; no command ran
+    (no canary), nothing evaluated came back (no uid=, 49, HOME); deprovision cleans up."""
+    from tests.broker import hostile
+
+    one, _two, _ = fed
+    canary = tmp_path / "canary"
+    tmp_path.chmod(0o777)  # were the payload run, even the runs' user could touch it here
+    payloads = hostile.templates(canary)
+    for value in (payloads[0], payloads[2], payloads[3], payloads[7]):
+        params = {"image": value, "network": value, "where": {"cloud": one.name}}
+        iid, last = env.provision(SERVER, "pkh", params)
+        assert last.body["state"] == "failed", last.body
+        text = last.body["description"]
+        assert f"Could not find image {value}" in text and len(text) <= 300, text
+        assert hostile.evaluated(text) == [], text
+        assert not canary.exists()
+        env.deprovision(SERVER, iid)
+        assert _built(clouds, one.name, iid) == NOTHING
