@@ -5,6 +5,8 @@ of its own that a test SIGKILLs (``python -m tests.broker.ansible_harness CONFIG
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -27,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NAME = "test-files"
 # the run's token: a playbook that prints it must not get it into a log or a description
 TOKEN = "gAAAAAB-fake-token-9f3c2d1e"
+RUN_AS = "nobody"  # the user a root broker runs packs as by default
 
 
 class PackClouds:
@@ -58,14 +61,19 @@ class PackClouds:
         }
 
 
-def make_pack(tmp: Path) -> Path:
-    """The test pack, copied, its state_dir (the "cloud": a folder) under `tmp`."""
+def make_pack(tmp: Path, plan_vars: dict[str, Any] | None = None) -> Path:
+    """The test pack, copied, its state_dir (the "cloud": a folder) under `tmp`, its plan's
+    vars updated with `plan_vars`."""
     pack = tmp / "pack"
     shutil.copytree(PACK, pack)
     spec = yaml.safe_load((pack / "service.yml").read_text())
     spec["plans"][0]["vars"]["state_dir"] = str(tmp / "cloud")
+    spec["plans"][0]["vars"].update(plan_vars or {})
     (pack / "service.yml").write_text(yaml.safe_dump(spec))
     (tmp / "cloud").mkdir(exist_ok=True)
+    if os.geteuid() == 0:  # the runs' user (run_as: nobody, the default of a root broker)
+        nobody = pwd.getpwnam(RUN_AS)
+        os.chown(tmp / "cloud", nobody.pw_uid, nobody.pw_gid)
     return pack
 
 
@@ -85,6 +93,8 @@ def config_data(db_url: str, tmp: Path, *, lease: float = 5.0) -> dict[str, Any]
                 "pack": str(tmp / "pack"),
                 "work_dir": str(tmp / "work"),
                 "synchronous_seconds": 0,
+                # the "cloud" the test pack builds in: the one folder a run writes besides its own
+                "sandbox_writable": [str(tmp / "cloud")],
             }
         },
     }

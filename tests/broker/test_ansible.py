@@ -50,8 +50,10 @@ PASSWORD = "pw-Very-Secret-42"
 class PackHarness(Harness):
     """The conftest harness, speaking to the test pack's offering."""
 
-    def __init__(self, db_url: str, tmp: Path, *, lease: float = 5.0) -> None:
-        make_pack(tmp)
+    def __init__(
+        self, db_url: str, tmp: Path, *, lease: float = 5.0, plan_vars: dict[str, Any] | None = None
+    ) -> None:
+        make_pack(tmp, plan_vars)
         self.key = generate_key()
         self.data = config_data(db_url, tmp, lease=lease)
         super().__init__(pack_broker(self.data, self.key), tmp / "cloud")
@@ -137,6 +139,7 @@ def test_a_pack_s_lifecycle_through_the_osb_api(pack: PackHarness) -> None:
     schemas = service["plans"][0]["schemas"]
     assert schemas["service_instance"]["update"]["parameters"]["properties"].keys() == {
         "content",
+        "labels",
         "fail",
     }
     assert "where" not in schemas["service_instance"]["create"]["parameters"]["properties"]

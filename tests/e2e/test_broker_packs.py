@@ -10,6 +10,7 @@
   scope), with its own key pair and security group (the lab's network stand-in); the binding
   holds the private key of the key pair nova has, and an application credential used with the
   `openstack` CLI; unbind revokes it; deprovision removes the server, key pair and group.
+- Every run as an unprivileged user (``nobody``, a root broker's default) in bubblewrap.
 - A broker SIGKILLed while its provision playbook boots the server: the restarted broker runs
   the playbook again, which replaces what the dead run built with a key it lost; one server,
   one key pair, one group, and the operation finishes.
@@ -18,6 +19,8 @@
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -164,6 +167,9 @@ def test_server_keypair_pack_in_cloudone_from_cloudtwos_image_full_lifecycle(
     # the broker logged what ran, never the key or the credential's secret
     log = env.log.read_text()
     assert "running provision.yml in CloudOne" in log
+    if os.geteuid() == 0:  # a root broker (the lab's, CI's) runs packs as nobody, in bwrap
+        nobody = pwd.getpwnam("nobody").pw_uid
+        assert f"{SERVER}: playbooks run as nobody (uid {nobody}), in bwrap" in log
     assert creds["application_credential_secret"] not in log and "PRIVATE KEY" not in log
     assert creds["private_key"].splitlines()[1] not in log
     record_property("wall_seconds", round(time.monotonic() - started, 1))
@@ -212,3 +218,26 @@ def test_sigkill_during_an_ansible_provision(lab, clouds, fed, tmp_path, request
         record_property("wall_seconds", round(time.monotonic() - started, 1))
     finally:
         env.stop()
+
+
+def test_hostile_image_and_network_parameters_are_names_on_the_lab(env, clouds, fed, tmp_path):
+    """Issue 30 finding 1 as found on the lab, through the OSB API: the shipped server pack
+    provisioned with a pipe lookup as its image, the broker's HOME as its network, 7*7 as
+    both. Each fails on the image it cannot find, named as the literal text; no command ran
+    (no canary), nothing evaluated came back (no uid=, 49, HOME); deprovision cleans up."""
+    from tests.broker import hostile
+
+    one, _two, _ = fed
+    canary = tmp_path / "canary"
+    tmp_path.chmod(0o777)  # were the payload run, even the runs' user could touch it here
+    payloads = hostile.templates(canary)
+    for value in (payloads[0], payloads[2], payloads[3], payloads[7]):
+        params = {"image": value, "network": value, "where": {"cloud": one.name}}
+        iid, last = env.provision(SERVER, "pkh", params)
+        assert last.body["state"] == "failed", last.body
+        text = last.body["description"]
+        assert f"Could not find image {value}" in text and len(text) <= 300, text
+        assert hostile.evaluated(text) == [], text
+        assert not canary.exists()
+        env.deprovision(SERVER, iid)
+        assert _built(clouds, one.name, iid) == NOTHING

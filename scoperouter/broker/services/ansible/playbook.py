@@ -1,10 +1,16 @@
 """One playbook run with ansible-runner, as the broker needs it.
 
-- **A private data directory per run** (``<work_dir>/<run>``, mode 0700): the inventory
-  (``localhost``, connection local, the broker's Python), the extra vars and the run's
-  clouds.yaml (files 0600, never on a command line), ansible-runner's artifacts. It is removed
-  when the run ends, whatever the outcome; one a killed broker left is removed before the
+- **A private data directory per run** (``<work_dir>/<run>``): the inventory (``localhost``,
+  connection local, the broker's Python), the extra vars and the run's clouds.yaml (files 0600,
+  the run's user's, never on a command line), ansible-runner's artifacts. It is removed when
+  the run ends, whatever the outcome; one a killed broker left is removed before the
   operation's next run.
+- **Data, never templates**: the extra vars (parameters, context, kept metadata and secrets,
+  plan vars, the broker's own values) are written as YAML under ansible's ``!unsafe`` tag
+  (:func:`untrusted_yaml`), so nothing in them is ever rendered, keys and nested values
+  included.
+- **Least privilege** (:mod:`.sandbox`): the launcher becomes the run's user (``run_as``)
+  before it execs ``ansible-playbook``, inside bubblewrap when the host has it.
 - **The modules' interpreter**: the broker's Python, through a wrapper that puts a
   ``sitecustomize`` on its path giving ``openstack.version`` back to openstack.cloud 2.5.0,
   which reads it in every module (openstacksdk 4.15 removed it).
@@ -33,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import os
 import re
@@ -50,26 +55,50 @@ from typing import Any
 
 import yaml
 
+from scoperouter.broker.services.ansible.sandbox import (
+    RunAs,
+    Sandbox,
+    bwrap_command,
+    chown_tree,
+    python_paths,
+)
+
 log = logging.getLogger("scoperouter.broker.ansible")
 
 MARKER_ENV = "SCOPEROUTER_BROKER_RUN"
-PARENT_ENV = "SCOPEROUTER_BROKER_PARENT"
+UNSAFE_TAG = "!unsafe"  # ansible's YAML tag for data that is never a template
 CLOUD_NAME = "osb"  # the run's clouds.yaml entry (OS_CLOUD)
 HIDDEN = "********"
 CANCEL_CHECK_SECONDS = 1  # how often a running playbook asks whether to stop
 MIN_SECRET = 4  # shorter values are not scrubbed (they would mangle every text)
+# what of a task's name and of a failure's message reaches a description (the platform user's
+# eyes): a short excerpt, one line
+TASK_NAME_LIMIT = 80
+MESSAGE_LIMIT = 200
 NO_LOG_TEXT = "the output has been hidden due to the fact that 'no_log: true'"
 
-# Run with the broker's Python: PR_SET_PDEATHSIG, then exec ansible-playbook (same pid, so
-# pexpect's child is ansible-playbook itself); it dies at once if the broker already did.
+# Run with the broker's Python (argv: uid gid parent ansible-playbook args...): become the run's
+# user (uid -1: stay), no_new_privs, PR_SET_PDEATHSIG (after the switch: a change of user
+# clears it), then exec ansible-playbook (same pid, so pexpect's child is ansible-playbook
+# itself, or bwrap's); it dies at once if the broker already did (parent 0: bwrap's
+# --die-with-parent does that).
 LAUNCHER = """\
 import ctypes, os, signal, sys
-parent = int(os.environ["{parent}"])
-if ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0:
+uid, gid, parent = (int(a) for a in sys.argv[1:4])
+if uid >= 0:
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    if os.getuid() != uid or os.geteuid() != uid:
+        sys.exit("could not become the run's user")
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl(38, 1, 0, 0, 0) != 0:
+    sys.exit("prctl(PR_SET_NO_NEW_PRIVS) failed")
+if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0:
     sys.exit("prctl(PR_SET_PDEATHSIG) failed")
-if os.getppid() != parent:
+if parent and os.getppid() != parent:
     sys.exit("the broker is gone")
-os.execv(sys.argv[1], sys.argv[1:])
+os.execv(sys.argv[4], sys.argv[4:])
 """
 
 # The modules' interpreter: the broker's Python with COMPAT on its path (a shell script, so
@@ -193,11 +222,15 @@ class Playbooks:
         ansible_playbook: str | None = None,
         collections_path: str | None = None,
         env: Mapping[str, str] | None = None,
+        run_as: RunAs | None = None,
+        sandbox: Sandbox | None = None,
     ) -> None:
         self.work_dir = work_dir
         self.ansible_playbook = ansible_playbook
         self.collections_path = collections_path
         self.env = dict(env or {})
+        self.run_as = run_as
+        self.sandbox = sandbox
 
     def binary(self) -> str:
         """ansible-playbook beside the broker's Python (its virtualenv), else on PATH."""
@@ -215,32 +248,43 @@ class Playbooks:
         return found
 
     def _prepare(self, spec: RunSpec) -> Path:
+        """The run's private data directory. Folders are the broker's (0755 when the run is
+        another user's: inside a sandbox nobody else sees them; else the work dir, 0711,
+        cannot be listed); the files the run reads and the folders it writes are the run's
+        user's, 0600/0700."""
+        shared = 0o755 if self.run_as else 0o700
         self.work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.work_dir, 0o700)
+        os.chmod(self.work_dir, 0o711 if self.run_as and not self.sandbox else 0o700)
         pdd = self.work_dir / spec.run_id
         shutil.rmtree(pdd, ignore_errors=True)  # a dead run's, with its secrets
-        pdd.mkdir(mode=0o700)
-        (pdd / "inventory").mkdir(mode=0o700)
-        (pdd / "env").mkdir(mode=0o700)
-        (pdd / "compat").mkdir(mode=0o700)
-        _write(pdd / "compat" / "sitecustomize.py", COMPAT)
+        for folder in (pdd, pdd / "inventory", pdd / "env", pdd / "compat"):
+            folder.mkdir(mode=0o700)
+            os.chmod(folder, shared)
+        for folder in (pdd / "tmp", pdd / "home"):
+            folder.mkdir(mode=0o700)
+            self._give(folder)
         interpreter = pdd / "python"
-        _write(
-            interpreter,
-            INTERPRETER.format(
+        files = {
+            pdd / "compat" / "sitecustomize.py": COMPAT,
+            interpreter: INTERPRETER.format(
                 compat=shlex.quote(str(pdd / "compat")), python=shlex.quote(sys.executable)
             ),
-        )
+            pdd / "inventory" / "hosts": (
+                f"localhost ansible_connection=local ansible_python_interpreter={interpreter}\n"
+            ),
+            pdd / "env" / "extravars": untrusted_yaml(spec.extravars),
+            pdd / "clouds.yaml": yaml.safe_dump(dict(spec.clouds_yaml)),
+        }
+        for path, text in files.items():
+            _write(path, text)
+            self._give(path)
+        _write(pdd / "launch.py", LAUNCHER)  # read by the broker's user only (it starts as it)
         os.chmod(interpreter, stat.S_IRWXU)
-        _write(
-            pdd / "inventory" / "hosts",
-            f"localhost ansible_connection=local ansible_python_interpreter={interpreter}\n",
-        )
-        _write(pdd / "env" / "extravars", json.dumps(dict(spec.extravars)))
-        _write(pdd / "clouds.yaml", yaml.safe_dump(dict(spec.clouds_yaml)))
-        _write(pdd / "launch.py", LAUNCHER.format(parent=PARENT_ENV))
-        (pdd / "tmp").mkdir(mode=0o700)
         return pdd
+
+    def _give(self, path: Path) -> None:
+        if self.run_as is not None:
+            chown_tree(path, self.run_as)
 
     def _environment(self, base: Mapping[str, str], spec: RunSpec, pdd: Path) -> dict[str, str]:
         """ansible-runner's environment (the broker's, plus its callback settings) without
@@ -250,19 +294,44 @@ class Playbooks:
             {
                 "OS_CLIENT_CONFIG_FILE": str(pdd / "clouds.yaml"),
                 "OS_CLOUD": CLOUD_NAME,
+                "HOME": str(pdd / "home"),
+                "TMPDIR": str(pdd / "tmp"),
                 "ANSIBLE_NOCOLOR": "1",
                 "ANSIBLE_FORCE_COLOR": "0",
                 "ANSIBLE_LOCAL_TEMP": str(pdd / "tmp"),
                 "ANSIBLE_REMOTE_TEMP": str(pdd / "tmp"),
                 "ANSIBLE_DEPRECATION_WARNINGS": "0",
                 MARKER_ENV: spec.marker,
-                PARENT_ENV: str(os.getpid()),
             }
         )
+        if self.run_as is not None:
+            env["USER"] = env["LOGNAME"] = self.run_as.name
         if self.collections_path:
             env["ANSIBLE_COLLECTIONS_PATH"] = self.collections_path
         env.update(self.env)
         return env
+
+    def _command(self, spec: RunSpec, pdd: Path, command: list[str]) -> list[str]:
+        """The launcher (as the run's user), in the sandbox when there is one, then
+        ansible-playbook with ansible-runner's arguments."""
+        uid, gid = (self.run_as.uid, self.run_as.gid) if self.run_as else (-1, -1)
+        parent = 0 if self.sandbox else os.getpid()
+        launch = [sys.executable, str(pdd / "launch.py"), str(uid), str(gid), str(parent)]
+        launch += [self.binary(), *command[1:]]
+        if self.sandbox is None:
+            return launch
+        readable = [*python_paths(), str(spec.project_dir), os.path.dirname(self.binary())]
+        readable += [p for p in (self.collections_path or "").split(":") if p]
+        return [
+            *bwrap_command(
+                self.sandbox,
+                pdd=pdd,
+                readable=readable,
+                chdir=str(spec.project_dir),
+                drop=self.run_as is not None,
+            ),
+            *launch,
+        ]
 
     def run(self, spec: RunSpec) -> RunResult:
         from ansible_runner.config.runner import RunnerConfig  # type: ignore[import-untyped]
@@ -286,13 +355,16 @@ class Playbooks:
             )
             config.prepare()
             config.env = self._environment(config.env, spec, pdd)
-            # the launcher runs with the broker's Python, then execs ansible-playbook
-            config.command = [
-                sys.executable,
-                str(pdd / "launch.py"),
-                self.binary(),
-                *config.command[1:],
-            ]
+            config.command = self._command(spec, pdd, list(config.command))
+            # what the run writes in ansible-runner's artifacts: the callback's partial
+            # events (the rest of the folder stays the broker's)
+            for folder in ("job_events", "fact_cache"):
+                path = Path(config.artifact_dir) / folder
+                path.mkdir(mode=0o700, parents=True, exist_ok=True)
+                self._give(path)
+            if self.run_as is not None:
+                for path in (pdd / "artifacts", Path(config.artifact_dir)):
+                    os.chmod(path, 0o755)
             runner = Runner(
                 config=config,
                 event_handler=events.handle,
@@ -311,6 +383,38 @@ class Playbooks:
             tasks=events.tasks,
             changed=events.changed,
         )
+
+
+class _Untrusted(dict):  # type: ignore[type-arg]
+    """A mapping written with YAML's ``!unsafe`` tag."""
+
+
+class _UntrustedDumper(yaml.SafeDumper):
+    pass
+
+
+def _represent_untrusted(dumper: yaml.SafeDumper, data: _Untrusted) -> yaml.Node:
+    node = dumper.represent_dict(dict(data))
+    node.tag = UNSAFE_TAG
+    return node
+
+
+_UntrustedDumper.add_representer(_Untrusted, _represent_untrusted)
+
+
+def untrusted_yaml(variables: Mapping[str, Any]) -> str:
+    """The run's extra vars as YAML whose top mapping is tagged ``!unsafe``: ansible-core
+    (2.19: ``AnsibleConstructor.construct_yaml_unsafe``) builds everything under the tag, keys
+    and nested values included, as data never trusted as a template, although it loads an
+    ``-e @file`` as trusted. A value that looks like ``{{ ... }}`` or ``{% ... %}`` reaches the
+    playbook as that literal text."""
+    return yaml.dump(
+        _Untrusted(variables),
+        Dumper=_UntrustedDumper,
+        default_flow_style=False,
+        allow_unicode=False,
+        sort_keys=False,
+    )
 
 
 def _write(path: Path, text: str) -> None:
@@ -351,7 +455,8 @@ class _Events:
             del self._said[:-20]
         if kind == "playbook_on_task_start":
             self.tasks += 1
-            name = scrub(str(data.get("task") or data.get("task_action") or "task"))
+            name = _short(scrub(str(data.get("task") or data.get("task_action") or "task")),
+                          TASK_NAME_LIMIT)  # fmt: skip
             log.debug("%s: TASK [%s]", self.spec.run_id, name)
             with contextlib.suppress(Exception):
                 self.spec.on_task(name)
@@ -370,7 +475,7 @@ class _Events:
 
     def _failure(self, data: Mapping[str, Any]) -> str:
         scrub = self.spec.scrub
-        task = scrub(str(data.get("task") or "a task"))
+        task = _short(scrub(str(data.get("task") or "a task")), TASK_NAME_LIMIT)
         res = data.get("res") or {}
         if not isinstance(res, Mapping):
             res = {}
@@ -397,7 +502,7 @@ class _Events:
         return self._stop
 
 
-def _short(text: str, limit: int = 400) -> str:
+def _short(text: str, limit: int = MESSAGE_LIMIT) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

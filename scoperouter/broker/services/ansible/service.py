@@ -21,6 +21,7 @@ lease meanwhile; the description shows the running task). What makes it safe to 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -31,6 +32,7 @@ from typing import Any, ClassVar
 from scoperouter.broker import credentials
 from scoperouter.broker.config import BrokerConfigError
 from scoperouter.broker.services import placed
+from scoperouter.broker.services.ansible import sandbox
 from scoperouter.broker.services.ansible.pack import Pack, load_pack
 from scoperouter.broker.services.ansible.playbook import (
     Playbooks,
@@ -54,6 +56,8 @@ SECRETS_KEY = "osb_secrets"  # in set_stats: kept encrypted, never in metadata
 RESERVED = ("cloud", "project_id", "scope")  # instance metadata the broker sets
 RETRY_SECONDS = 10.0
 BROKER_TAG = "osb"
+
+log = logging.getLogger("scoperouter.broker.ansible")
 
 
 def service_class(name: str) -> type[AnsibleService]:
@@ -84,10 +88,20 @@ class AnsibleService(placed.PlacedService):
         self.pack.check_clouds(clouds.names())
         self.placement = self.pack.spec.placement
         self._catalog = self.pack.catalog(clouds.names())
+        where = f"services.{self.name}"
         self.playbooks = Playbooks(
             Path(str(settings.get("work_dir") or default_work_dir(self.name))),
             ansible_playbook=settings.get("ansible_playbook"),
             collections_path=settings.get("collections_path"),
+            run_as=sandbox.run_as(settings.get("run_as"), where),
+            sandbox=sandbox.sandbox(settings, where),
+        )
+        who = self.playbooks.run_as
+        log.info(
+            "%s: playbooks run as %s, %s",
+            where,
+            f"{who.name} (uid {who.uid})" if who else f"the broker's user (uid {os.geteuid()})",
+            "in bwrap" if self.playbooks.sandbox else "without a sandbox",
         )
         self.policy = credentials.CredentialPolicy(
             roles=tuple(self.pack.spec.binding.roles or ("member",)),
