@@ -20,6 +20,10 @@ ROUTER_ONLY = ("mitmproxy", "httptools")
 when it is installed, so it is not checked here; the real base install has none)."""
 
 
+BROKER_ONLY = ("pydantic", "fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "httpx")
+"""Modules only the `broker` extra brings."""
+
+
 def entry_point_modules(group: str) -> list[str]:
     """The modules setup.cfg's [options.entry_points] `group` names."""
     setup = configparser.ConfigParser()
@@ -105,3 +109,15 @@ def test_the_other_commands_work_without_the_router_extra() -> None:
     done = _run("from scoperouter.cli import main\nsys.exit(main(['--help']))", ROUTER_ONLY)
     assert done.returncode == 0
     assert "(needs: pip install 'scoperouter[router]')" in " ".join(done.stdout.split())
+
+
+def test_the_console_script_works_without_the_broker_extra() -> None:
+    """A router host or a laptop has no broker extra: every command parses, and `broker` says
+    in one line what to install (the broker's CLI package failed in `register`, after the
+    console script's import check, and every `scoperouter` command died with a traceback)."""
+    for argv, code in ((["--help"], 0), (["check-config", "config/federation.yaml"], 0)):
+        done = _run(f"from scoperouter.cli import main\nsys.exit(main({argv!r}))", BROKER_ONLY)
+        assert done.returncode == code and "Traceback" not in done.stderr, done.stderr[-3000:]
+    done = _run("from scoperouter.cli import main\nsys.exit(main(['broker']))", BROKER_ONLY)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().endswith("pip install 'scoperouter[broker]'")
