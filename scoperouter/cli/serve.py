@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from typing import TYPE_CHECKING
@@ -29,7 +30,29 @@ example:
 """
 
 
+ROUTER_MODULES = ("httptools", "prometheus_client", "mitmproxy")
+"""What the router's processes import beyond the base install: setup.cfg's `router` extra (the
+HTTP server's parser, /metrics, the forward proxy)."""
+
+MISSING = "scoperouter serve: the router is not installed ({}): pip install 'scoperouter[router]'"
+
+
+def missing_modules() -> list[str]:
+    """The modules of :data:`ROUTER_MODULES` this installation lacks (none are imported)."""
+    return [name for name in ROUTER_MODULES if not _installed(name)]
+
+
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:  # an import hook refusing it (the tests' blocker)
+        return False
+
+
 def register(sub: Subparsers) -> argparse.ArgumentParser:
+    missing = missing_modules()
+    if missing:
+        return _register_missing(sub, missing)
     serve = sub.add_parser(
         "serve",
         help="run the router of one cloud",
@@ -76,6 +99,25 @@ def register(sub: Subparsers) -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=run)
     return serve
+
+
+def _register_missing(sub: Subparsers, missing: list[str]) -> argparse.ArgumentParser:
+    """`serve` on a base install (the client's): every invocation, --help included, says in
+    one line which extra to install and exits 2 (so `scoperouter lab up` sees no router)."""
+    stub = sub.add_parser(
+        "serve",
+        help="run the router of one cloud (needs: pip install 'scoperouter[router]')",
+        add_help=False,
+        prefix_chars="\0",  # no option: every argument, --help included, goes to `args`
+    )
+    stub.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+    def not_installed(_: argparse.Namespace) -> int:
+        print(MISSING.format("no " + ", ".join(missing)), file=sys.stderr)
+        return 2
+
+    stub.set_defaults(func=not_installed)
+    return stub
 
 
 def run(args: argparse.Namespace) -> int:

@@ -146,6 +146,7 @@ def test_operator_commands(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     config = _write_config(tmp_path, db_url)
+    key = _known_key(harness)
     assert cli.main(["db", "upgrade", "--config", str(config)]) == 0
     assert "already current" in capsys.readouterr().out
     harness.provisioned("op-1", {"size": 2})
@@ -173,7 +174,7 @@ def test_operator_commands(
 
     # rotate-key: every stored secret re-encrypted with the newest key, still readable
     new_key = generate_key()
-    monkeypatch.setenv("SCOPEROUTER_BROKER_SECRET_KEYS", f"{new_key},{_key_of(harness)}")
+    monkeypatch.setenv("SCOPEROUTER_BROKER_SECRET_KEYS", f"{new_key},{key}")
     assert cli.main(["rotate-key", "--config", str(config)]) == 0
     assert "re-encrypted 1 secret" in capsys.readouterr().out
     with harness.broker.store.read() as session:
@@ -234,7 +235,7 @@ def test_repair_counts_what_it_checked_not_the_deprovisioned_rows(
     """`broker list` says "no instances" while the database keeps deprovisioned rows until
     `purge`: repair's "no drift" counts the live records it compared and what it found."""
     config = _write_config(tmp_path, db_url)
-    monkeypatch.setenv("SCOPEROUTER_BROKER_SECRET_KEYS", _key_of(harness))
+    monkeypatch.setenv("SCOPEROUTER_BROKER_SECRET_KEYS", _known_key(harness))
     for ident in ("gone-1", "gone-2"):
         harness.provisioned(ident)
         assert harness.deprovision(ident).status_code == 202
@@ -259,11 +260,12 @@ def test_repair_counts_what_it_checked_not_the_deprovisioned_rows(
     }
 
 
-def _key_of(harness: Harness) -> str:
-    fernet = harness.broker.secrets._fernet._fernets[0]  # type: ignore[attr-defined]
-    import base64
-
-    return base64.urlsafe_b64encode(fernet._signing_key + fernet._encryption_key).decode()
+def _known_key(harness: Harness) -> str:
+    """Give the harness's broker a key the test knows, before it stores any secret (Fernet's
+    keys cannot be read back: cryptography 51's MultiFernet is Rust, without `_fernets`)."""
+    key = generate_key()
+    harness.broker.secrets = Secrets([key])
+    return key
 
 
 def test_commands_refuse_an_unmigrated_database(tmp_path: Path, capsys: Any) -> None:

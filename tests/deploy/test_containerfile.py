@@ -62,12 +62,12 @@ def test_two_stages_on_the_same_slim_python() -> None:
     assert final == [BASE]  # same base: the venv's interpreter path holds in the final stage
 
 
-def test_build_stage_builds_the_wheel_and_installs_it_with_the_broker_extra() -> None:
+def test_build_stage_builds_the_wheel_and_installs_it_with_the_router_and_broker_extras() -> None:
     build = _stages()[0]
     run = " ".join(_of(build, "RUN"))
     assert "pip wheel" in run or "python -m build" in run
     assert f"python -m venv {VENV}" in run
-    assert "[broker]" in run
+    assert "[router,broker]" in run  # the base install has no router (mitmproxy, httptools)
 
 
 def test_every_copy_source_exists() -> None:
@@ -120,10 +120,10 @@ def test_entrypoint_is_a_console_script_of_the_package() -> None:
     assert path and f"PATH={VENV}/bin:" in path[0]
 
 
-def test_broker_extra_exists() -> None:
+def test_router_and_broker_extras_exist() -> None:
     setup = configparser.ConfigParser()
     setup.read(REPO / "setup.cfg")
-    assert "broker" in setup["options.extras_require"]
+    assert {"router", "broker"} <= set(setup["options.extras_require"])
 
 
 @pytest.mark.deploy
@@ -157,6 +157,7 @@ def test_the_wheel_builds_from_exactly_the_copied_files(tmp_path: Path) -> None:
         metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
         assert "scoperouter = scoperouter.cli:main" in zf.read(entry_points).decode()
         assert "Provides-Extra: broker" in zf.read(metadata).decode()
+        assert "Provides-Extra: router" in zf.read(metadata).decode()
     # the broker's migrations travel in the wheel (`broker db upgrade` in the image needs them)
     assert any(n.startswith("scoperouter/broker/migrations/versions/") for n in names)
     assert "scoperouter/broker/migrations/script.py.mako" in names

@@ -307,7 +307,7 @@ def fed() -> Iterator[Federation]:
         groups[cloud.slug] = {"hosts": {f"dp-{cloud.slug}": host_vars}}
     common = {
         # a venv where this checkout is installed: the role's pip task finds it there
-        "scoperouter_package": f"scoperouter=={__version__}",
+        "scoperouter_package": f"scoperouter[router]=={__version__}",
         "scoperouter_venv": str(venv),
         # the lab's stand-in for /etc/systemd/system, and its stand-in for systemctl restart
         "scoperouter_federation_systemd_dir": str(lab_root / "systemd"),

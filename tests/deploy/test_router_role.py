@@ -108,7 +108,7 @@ def deployment() -> Iterator[RouterDeployment]:
     host_vars = {
         **local_role_vars("scoperouter", base),
         "scoperouter_cloud": "TestOne",
-        "scoperouter_package": f"scoperouter=={__version__}",
+        "scoperouter_package": f"scoperouter[router]=={__version__}",
         "scoperouter_pip_environment": {"PIP_FIND_LINKS": str(wheels)},
         "scoperouter_venv": str(base / "venv"),
         "scoperouter_federation": federation,

@@ -8,6 +8,7 @@ driven the way mitmproxy drives it. End-to-end behaviour is in tests/integration
 from __future__ import annotations
 
 import asyncio
+import configparser
 import contextvars
 import inspect
 import json
@@ -33,11 +34,65 @@ from mitmproxy.test import taddons, tflow
 
 from scoperouter import pki
 from scoperouter.catalog import Limits
-from scoperouter.proxy.forward import guard, mitm
+from scoperouter.proxy.forward import compat, guard, mitm
+
+MITMPROXY_12 = compat.MITMPROXY_MAJOR >= 12
 
 
 def test_written_for_this_mitmproxy() -> None:
-    assert mitmproxy.version.VERSION == mitm.MITMPROXY_VERSION
+    assert mitmproxy.version.VERSION in compat.MITMPROXY_VERSIONS
+
+
+def test_the_router_extra_pins_the_checked_releases() -> None:
+    """setup.cfg's `router` extra installs exactly the releases this test checks: 11.0.2 on
+    Python 3.11 (mitmproxy 11.1+ needs 3.12), 12.x on 3.12+."""
+    setup = configparser.ConfigParser()
+    setup.read(Path(__file__).resolve().parents[2] / "setup.cfg")
+    pins = [
+        line.strip()
+        for line in setup["options.extras_require"]["router"].splitlines()
+        if line.strip().startswith("mitmproxy")
+    ]
+    assert pins == [
+        f'mitmproxy=={compat.MITMPROXY_VERSIONS[0]}; python_version < "3.12"',
+        f'mitmproxy=={compat.MITMPROXY_VERSIONS[1]}; python_version >= "3.12"',
+    ]
+
+
+# ----------------------------------------------------------------- what mitmproxy 12 changed
+
+
+def test_protocol_error_codes_are_what_the_installed_release_takes() -> None:
+    """11 takes an HTTP status, 12 an ErrorCode (its constructor asserts it): a failed body's
+    RequestProtocolError is built with what the installed release takes."""
+    for status in (408, 413, 431):
+        code = compat.request_error_code(status)
+        RequestProtocolError(1, "body failed", code)  # 12 asserts the type
+        if MITMPROXY_12:
+            from mitmproxy.proxy.layers.http._events import ErrorCode
+
+            assert isinstance(code, ErrorCode) and code.http_status_code() in (400, 413)
+        else:
+            assert code == status
+
+
+def test_mitmproxys_crl_hook_answers_nothing(tmp_path: Path) -> None:
+    """mitmproxy 12's TlsConfig answers a request whose path ends in its CRL's name itself
+    (before the router's addon): the router's subclass switches that hook off. 11 has none."""
+    assert compat.TLSCONFIG_HAS_REQUEST_HOOK == MITMPROXY_12
+    if not MITMPROXY_12:
+        assert not hasattr(mitm.InterceptingTlsConfig, "request")
+        return
+    ours = mitm.InterceptingTlsConfig(lambda host, port: None, pki.new_key())
+    theirs = tlsconfig.TlsConfig()
+    for addon in (theirs, ours):
+        with taddons.context(addon) as tctx:
+            tctx.configure(addon, confdir=str(tmp_path / "mitmproxy"))
+            flow = tflow.tflow()
+            flow.request.path = "/v2/images" + addon.crl_path()
+            addon.request(flow)
+            answered = flow.response is not None
+        assert answered == (addon is theirs), addon
 
 
 @pytest.fixture
@@ -61,7 +116,11 @@ def _parse(raw: bytes) -> tuple[int, dict[str, str], dict[str, Any]]:
 
 def test_renderer_is_the_module_function_http1_calls(installed: None) -> None:
     source = inspect.getsource(_http1.Http1Server.send)
-    assert "make_error_response(event.code, event.message)" in source
+    if MITMPROXY_12:  # the status is the ErrorCode's (none: no page), the renderer the same
+        assert "status = event.code.http_status_code()" in source
+        assert "make_error_response(status, event.message)" in source
+    else:
+        assert "make_error_response(event.code, event.message)" in source
     assert _http1.make_error_response is mitm.render_error
 
 
@@ -427,7 +486,8 @@ def test_over_long_trailers_are_refused_with_431(guarded: None) -> None:
     status, _, body = _parse(conn.sent())
     assert status == 431 and "trailer" in body["error"]["message"]
     [failed] = [e for e in _body_events(conn) if isinstance(e, RequestProtocolError)]
-    assert guard.BODY_FAILED in failed.message and failed.code == 431
+    assert guard.BODY_FAILED in failed.message
+    assert failed.code == compat.request_error_code(431)
     assert len(conn.layer.buf) == 0
 
 
@@ -441,7 +501,7 @@ def test_a_body_that_stops_arriving_is_answered_408(guarded: None) -> None:
     status, _, body = _parse(conn.sent())
     assert status == 408 and "body_timeout" in body["error"]["message"]
     [failed] = [e for e in _body_events(conn) if isinstance(e, RequestProtocolError)]
-    assert failed.code == 408
+    assert failed.code == compat.request_error_code(408)
     assert any(isinstance(c, commands.CloseTcpConnection) for c in conn.commands)
     assert not conn.send(b"more" * 1000) and len(conn.layer.buf) == 0
 
@@ -449,7 +509,11 @@ def test_a_body_that_stops_arriving_is_answered_408(guarded: None) -> None:
 def test_tlsconfig_asks_get_cert_for_the_clients_certificate() -> None:
     source = inspect.getsource(tlsconfig.TlsConfig.tls_start_client)
     assert "entry = self.get_cert(tls_start.context)" in source
-    assert "crypto.PKey.from_cryptography_key(entry.privatekey)" in source
+    if MITMPROXY_12:  # the cryptography key as is; a chain only from entry.chain_certs (none)
+        assert "tls_start.ssl_conn.use_privatekey(entry.privatekey)" in source
+        assert "if entry.chain_file is None and len(entry.chain_certs) > 1:" in source
+    else:
+        assert "crypto.PKey.from_cryptography_key(entry.privatekey)" in source
 
 
 def test_intercepted_handshakes_get_the_routers_certificate(tmp_path: Path) -> None:

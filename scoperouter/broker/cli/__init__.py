@@ -16,6 +16,11 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+# The broker extra's libraries (pydantic, through the config), imported with this package: the
+# console script imports it to register `broker` and, without the extra, registers a stub that
+# says what to install (scoperouter/cli/__init__.py) instead of failing in `register`.
+import scoperouter.broker.cli.common  # noqa: F401
+
 if TYPE_CHECKING:
     from scoperouter.cli.common import Subparsers
 

@@ -31,6 +31,7 @@ from mitmproxy.proxy.layers.http._events import RequestHeaders, RequestProtocolE
 from scoperouter.catalog import Limits
 from scoperouter.errors import error_body, status_title
 from scoperouter.http import heads
+from scoperouter.proxy.forward.compat import request_error_code
 
 logger = logging.getLogger("scoperouter")
 
@@ -232,7 +233,7 @@ class GuardedHttp1Server(_http1.Http1Server):
             yield commands.SendData(self.conn, error_page(status, message))
         self.buf = type(self.buf)()
         error = f"{BODY_FAILED}{status}: {message}"
-        yield ReceiveHttp(RequestProtocolError(self.stream_id, error, status))
+        yield ReceiveHttp(RequestProtocolError(self.stream_id, error, request_error_code(status)))
         yield commands.CloseTcpConnection(self.conn, half_close=True)
         self.state = self._linger
         yield from self._arm(LINGER_SECONDS)

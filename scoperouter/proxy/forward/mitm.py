@@ -1,4 +1,5 @@
-"""Every use of mitmproxy internals, in one place (mitmproxy 11.0.2): the forward proxy's.
+"""Every use of mitmproxy internals, in one place (mitmproxy 11.0.2 and 12.3.1: what differs
+between them is in :mod:`~scoperouter.proxy.forward.compat`): the forward proxy's.
 
 The forward proxy's adapter uses mitmproxy's public addon API only (options, hooks, flows, the
 connection objects they carry). What that API cannot do is here, each item with the reason and
@@ -103,9 +104,6 @@ from scoperouter.proxy.forward import guard
 
 logger = logging.getLogger("scoperouter")
 _access = logging.getLogger("scoperouter.access")
-
-MITMPROXY_VERSION = "11.0.2"
-"""The version every item here was written against (the contract test checks it)."""
 
 # --------------------------------------------------------------------------- 1. error pages
 
@@ -380,6 +378,13 @@ class InterceptingTlsConfig(tlsconfig.TlsConfig):
         super().__init__()
         self.certificate_for = certificate_for
         self.key = key  # the private key of every certificate certificate_for gives
+
+    if hasattr(tlsconfig.TlsConfig, "request"):  # mitmproxy 12 (compat.TLSCONFIG_HAS_REQUEST_HOOK)
+
+        def request(self, flow: http.HTTPFlow) -> None:
+            """mitmproxy 12's hook answering a path ending in its CRL's name: switched off
+            (every request is the router's to route and log; no certificate of the router
+            names that CRL)."""
 
     def get_cert(self, conn_context: Any) -> certs.CertStoreEntry:
         address = conn_context.server.address
