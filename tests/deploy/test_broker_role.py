@@ -3,7 +3,8 @@ on SQLite, in its plain mode (PID 1 here is not systemd): the broker it installs
 starts answers `GET /v2/catalog` with the configured basic auth (and 401 without); a second run
 changes nothing; --check --diff works; an override is merged and restarts the broker; the
 secrets (password, Fernet key, a cloud's secret) never reach Ansible's output and sit in mode
-0600 files; the rendered unit passes `systemd-analyze verify`.
+0600 files; the rendered unit passes `systemd-analyze verify` and lets the packs' bubblewrap
+sandbox start (its namespaces, its system calls, a /proc it may mount).
 
 Slow (a virtualenv with the broker's dependencies is built, ~1-2 minutes) and root-only (a
 system user is created): selected with `pytest -m deploy`. Ansible: tests/deploy/ansible.py.
@@ -14,7 +15,9 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
+import subprocess
 import urllib.error
 import urllib.request
 import uuid
@@ -28,6 +31,7 @@ import yaml
 from cryptography.fernet import Fernet
 
 from scoperouter import __version__
+from scoperouter.broker.services.ansible.sandbox import Sandbox, bwrap_command
 from tests.ci import missing
 from tests.deploy.ansible import (
     Deployment,
@@ -224,3 +228,79 @@ def test_rendered_unit_passes_systemd_analyze(deployment: BrokerDeployment) -> N
         f"ReadWritePaths={deployment.base / 'home'}",
     ):
         assert directive in text
+
+
+# What bwrap does as an unprivileged user besides what @system-service allows (strace -f of the
+# broker's sandbox, bwrap 0.8): it mounts the sandbox's root and /proc, pivots into it, unmounts
+# the old root and sets its capabilities inside its user namespace.
+BWRAP_SYSCALLS = {"clone", "unshare", "mount", "umount2", "pivot_root", "capset"}
+# systemd settings that hide part of /proc (mounts over /proc/sys, /proc/kmsg...; a pid-only
+# /proc): the kernel then refuses the fresh /proc bwrap mounts in its user namespace
+# (mount_too_revealing), so the sandbox cannot start (ProtectProc=invisible does not)
+PROC_HIDING = ("ProtectKernelTunables=yes", "ProtectKernelLogs=yes", "ProcSubset=pid")
+NAMESPACES = {"pid": "pid", "ipc": "ipc", "uts": "uts", "cgroup-try": "cgroup", "net": "net"}
+
+
+def _syscall_group(name: str) -> set[str]:
+    """The system calls of a systemd group (@name), its nested groups expanded."""
+    out = subprocess.run(
+        ["systemd-analyze", "syscall-filter", name], capture_output=True, text=True, check=True
+    ).stdout
+    calls: set[str] = set()
+    for line in out.splitlines()[1:]:
+        word = line.split("#")[0].strip()
+        if word.startswith("@"):
+            calls |= _syscall_group(word)
+        elif word:
+            calls.add(word)
+    return calls
+
+
+def _allowed_syscalls(unit: str) -> set[str]:
+    """The unit's SystemCallFilter= lines as systemd merges them: the first is an allow list,
+    the next ones add to it, or remove from it when they start with ~."""
+    allowed: set[str] = set()
+    for line in unit.splitlines():
+        if not line.startswith("SystemCallFilter="):
+            continue
+        value = line.removeprefix("SystemCallFilter=")
+        deny = value.startswith("~")
+        calls: set[str] = set()
+        for word in value.removeprefix("~").split():
+            calls |= _syscall_group(word) if word.startswith("@") else {word}
+        allowed = allowed - calls if deny else allowed | calls
+    return allowed
+
+
+def test_rendered_unit_lets_the_packs_sandbox_start(deployment: BrokerDeployment) -> None:
+    if shutil.which("systemd-analyze") is None:
+        missing("systemd-analyze is not installed")
+    unit = (deployment.etc / "scoperouter-broker-test.service").read_text()
+    # the namespaces the broker's bwrap makes: user and mount always, and its --unshare-* ones
+    args = bwrap_command(
+        Sandbox("/usr/bin/bwrap"), pdd=deployment.base, readable=(), chdir="/", drop=False
+    )
+    needed = {"user", "mnt"} | {
+        NAMESPACES[a.removeprefix("--unshare-")] for a in args if a.startswith("--unshare-")
+    }
+    restrict = re.search(r"^RestrictNamespaces=(.*)$", unit, re.M)
+    assert restrict is not None
+    assert needed <= set(restrict.group(1).split()), (needed, restrict.group(1))
+    assert "net" not in restrict.group(1)  # the sandbox shares the host's network
+    missed = BWRAP_SYSCALLS - _allowed_syscalls(unit)
+    assert not missed, f"SystemCallFilter= forbids what bwrap needs: {sorted(missed)}"
+    for setting in PROC_HIDING:
+        assert not re.search(rf"^{setting}", unit, re.M), f"{setting} forbids bwrap's /proc"
+    # still hardened: no capability, no new privileges, no privileged system call but those
+    for directive in ("CapabilityBoundingSet=\n", "NoNewPrivileges=yes\n", "RestrictSUIDSGID=yes"):
+        assert directive in unit
+    assert not {"setuid", "chown", "bpf", "init_module", "reboot"} & _allowed_syscalls(unit)
+    # and bwrap works here as the broker's user with no_new_privs, as the unit starts it
+    probe = subprocess.run(
+        ["setpriv", "--reuid=scoperouter-broker", "--regid=scoperouter-broker",
+         "--clear-groups", "--no-new-privs", "--bounding-set=-all",
+         "bwrap", "--unshare-pid", "--unshare-ipc", "--ro-bind", "/", "/", "--proc", "/proc",
+         "--", "true"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert probe.returncode == 0, probe.stderr
