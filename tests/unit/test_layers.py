@@ -199,6 +199,7 @@ def test_the_reverse_path_runs_without_mitmproxy(tmp_path: Path) -> None:
 BROKER_LAYERS: dict[str, int] = {
     # transport: how requests and commands come in
     "scoperouter.broker.api": 5,
+    "scoperouter.broker.middleware": 5,
     "scoperouter.broker.cli": 5,
     "scoperouter.broker.__main__": 5,
     # endpoints: one module per OSB endpoint, and the OSB request/response models

@@ -2,7 +2,7 @@
 run can do").
 
 - **The run's user** (``run_as``: a user name or uid): a broker running as root starts every
-  playbook as this user (default ``nobody``; the deploy role makes ``scoperouter-packs``); the
+  playbook as this user (default ``nobody``; the deploy role's broker is not root); the
   launcher drops to it (no supplementary groups, ``no_new_privs``) before it execs
   ``ansible-playbook``, so neither the playbook nor its modules hold any of root's rights. A
   broker that is not root runs packs as itself; a ``run_as`` naming another user is a config
