@@ -24,6 +24,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+import yaml
+
+from tests.broker.ansible_harness import PACK
+
 RUN_STATUSES = {200, 201, 202}
 SANE = RUN_STATUSES | {400, 404, 409, 410, 412, 413, 422}
 
@@ -62,6 +66,16 @@ def _payload(rng: random.Random, canary: str, products: list[str]) -> str:
             f"{{{{ lookup('file', '/etc/hostname') }}}}{{{{ {product} }}}}",
         ]
     )
+
+
+def _content_max() -> int:
+    """The pack's own bound on `content` (its service.yml): the refused inputs stay above it."""
+    spec = yaml.safe_load((PACK / "service.yml").read_text())
+    return int(spec["parameters"]["provision"]["properties"]["content"]["maxLength"])
+
+
+# lengths of `content` the pack's schema refuses, so that these inputs make no Ansible run
+TOO_LONG = (_content_max() + 1, 5000, 1 << 20)
 
 
 def _odd(rng: random.Random) -> str:
@@ -136,7 +150,7 @@ def generate(seed: int, n: int, ids: dict[str, str], canary: str, known: list[st
     # refused by the schemas (or the API) without a run
     hostile: dict[str, Any] = rng.choice(
         [
-            {"content": _payload(rng, canary, products) + "x" * rng.choice([100, 5000, 1 << 20])},
+            {"content": _payload(rng, canary, products) + "x" * rng.choice(TOO_LONG)},
             {_payload(rng, canary, products): "x"},
             {"content": _nested(rng, canary, products, rng.choice([1, 3, 30, 200]))},
             {"content": [_payload(rng, canary, products)] * rng.choice([1, 1000])},
@@ -144,7 +158,7 @@ def generate(seed: int, n: int, ids: dict[str, str], canary: str, known: list[st
             {"sleep": _payload(rng, canary, products)},
             {"fail": _payload(rng, canary, products)},
             {"content": "ok", "extra": {"nested": _payload(rng, canary, products)}},
-            {"content": _odd(rng) * 200},
+            {"content": _odd(rng) * TOO_LONG[0]},
         ]
     )
     verb = rng.choice(["PUT", "PATCH", "BIND"])
