@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
+from scoperouter.broker.openstack_helpers import instance_tag
 from scoperouter.broker.services.heat import stack_name
-from scoperouter.broker.services.server import instance_tag
 from tests.e2e.broker_services import (
     DEADLINES,
     OSBBroker,

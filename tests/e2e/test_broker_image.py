@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from scoperouter.broker.openstack_helpers import instance_tag
 from scoperouter.broker.services.base import Done
 from scoperouter.broker.services.image import METADATA_KEY, CopyStream, ImageService
-from scoperouter.broker.services.server import instance_tag
 from tests.broker.passes import MemoryOperation, after, drive, instance
 from tests.e2e.broker_services import (
     RUN,

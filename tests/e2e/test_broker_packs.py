@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from scoperouter.broker.services.server import instance_tag
+from scoperouter.broker.openstack_helpers import instance_tag
 from tests.e2e.broker_services import (
     OSBBroker,
     container_lifecycle,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from scoperouter.broker.identity import space_of
-from scoperouter.broker.services.server import METADATA_KEY, instance_tag
+from scoperouter.broker.openstack_helpers import METADATA_KEY, instance_tag
 from tests.e2e.broker_services import (
     RUN,
     OSBBroker,

@@ -59,14 +59,11 @@ from scoperouter.broker.openstack_helpers import (
     bind_credentials,
     error_text,
     find_image,
+    instance_tag,
     refusal,
     short,
     space_project,
 )
-
-# moved to scoperouter.broker.openstack_helpers; re-exported for services/ansible (lead
-# removes after merge)
-from scoperouter.broker.openstack_helpers import instance_tag as instance_tag
 from scoperouter.scope import CloudName, Scope
 
 if TYPE_CHECKING:

@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 from scoperouter.broker import credentials
 from scoperouter.broker.config import BrokerConfigError
+from scoperouter.broker.openstack_helpers import instance_tag
 from scoperouter.broker.services import placed
 from scoperouter.broker.services.ansible import sandbox
 from scoperouter.broker.services.ansible.pack import Pack, load_pack
@@ -50,7 +51,6 @@ from scoperouter.broker.services.base import (
     Outcome,
     Pending,
 )
-from scoperouter.broker.services.server import instance_tag
 
 SECRETS_KEY = "osb_secrets"  # in set_stats: kept encrypted, never in metadata
 RESERVED = ("cloud", "project_id", "scope")  # instance metadata the broker sets
