@@ -64,7 +64,13 @@ def run_playbook(
         argv, cwd=PLAYBOOKS, capture_output=True, text=True, timeout=timeout, env=run_env
     )
     output = proc.stdout + proc.stderr
-    assert (proc.returncode == 0) == succeed, output[-tail:]
+    if (proc.returncode == 0) != succeed:
+        # the failed tasks' first lines first: a long task output (pip's) would push them out
+        # of the tail
+        failures = [
+            line[:1500] for line in output.splitlines() if line.startswith(("fatal:", "failed:"))
+        ]
+        pytest.fail("\n".join([*failures[:5], output[-tail:]]), pytrace=False)
     return output
 
 

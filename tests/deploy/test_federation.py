@@ -225,7 +225,12 @@ def _router_venv(base: Path) -> Path:
         return Path(given)
     venv = base / "venv"
     subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True, timeout=300)
-    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(REPO)], check=True, timeout=900)
+    # with the router extra the role asks for: both hosts of the inventory are this machine and
+    # share this venv, so the role's pip task must find everything installed (two pips
+    # installing into one venv at once race: one uninstalls what the other is importing)
+    subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", f"{REPO}[router]"], check=True, timeout=900
+    )
     return venv
 
 
