@@ -44,6 +44,7 @@ from scoperouter import pki
 from tests.fuzz import families as fam
 from tests.fuzz import osb_run, routed, scopes, tunnel
 from tests.fuzz.inputs import CANARY_BODY, CANARY_TRAILER, Input, generate
+from tests.fuzz.stalls import SETTLE_EVERY, StallWatch
 from tests.integration.backends import Received, RecordingBackend
 from tests.integration.routers import (
     Router,
@@ -84,6 +85,7 @@ class Report:
     backend_requests: int = 0
     haproxy: str = "not installed"
     per_family: dict[str, dict[str, Any]] = field(default_factory=dict)
+    harness: dict[str, Any] = field(default_factory=dict)  # its own stalls (tests.fuzz.stalls)
 
 
 class _Responses:
@@ -184,6 +186,9 @@ class Harness:
         self.tunnel_targets: list[bytes] = []
         self.deadline, self.idle = DEADLINE, LIMITS["idle_timeout"]
         self.check_answers, self.send = check_answers, send
+        self.stalls = StallWatch()
+        # an exchange that overlapped a stall of the harness this long is sent again once
+        self.stall_limit = LIMITS["header_timeout"] / 2
 
     # -- processes
 
@@ -285,9 +290,11 @@ class Harness:
 
     async def run(self) -> None:
         """Each selected family in turn (the osb family's first Ansible runs started first)."""
+        self.stalls.start()
         if self.osb is not None and self.args.only is None:
             await self.osb.prime(self.families["osb"])
         for name, family in self.families.items():
+            self.stalls.settle()  # nothing in flight between two families
             if name == "raw":
                 await self.run_raw(family)
             elif name == "tunnel":
@@ -297,6 +304,8 @@ class Harness:
             else:
                 assert self.osb is not None
                 await self.osb.run(family, self.args.only, self.args.show)
+        await self.stalls.stop()
+        self.report.harness = self.stalls.figures()
 
     async def run_raw(self, family: fam.Family) -> None:
         args = self.args
@@ -332,6 +341,9 @@ class Harness:
                 await asyncio.gather(*pending)
                 pending.clear()
                 before = self.rss()
+            elif n and n % SETTLE_EVERY == 0:
+                await asyncio.gather(*pending)
+                self.stalls.settle()
             task = asyncio.create_task(one_input(n))
             pending.add(task)
             task.add_done_callback(pending.discard)
@@ -499,6 +511,7 @@ def print_report(report: Report) -> None:
         f"(deadline {DEADLINE:g} s)"
     )
     print(f"  worker RSS MB (after warm-up -> after the run): {report.rss_mb}")
+    print(f"  the harness's own loop: {report.harness}")
     print(f"  raw beside {report.haproxy}: {dict(report.differential)}")
     for key, numbers in report.examples.items():
         print(f"    {key}, e.g. inputs {numbers} (--family raw --only N --show)")

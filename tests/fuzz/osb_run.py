@@ -168,7 +168,13 @@ class OsbFamily:
             else:
                 tasks: set[asyncio.Task[None]] = set()
                 n = 0
-                while n < family.quota and time.monotonic() - started < family.seconds:
+                # the quota counts inputs sent: those skipped (sent by prime(), or runs past
+                # --osb-runs) are made up by the next ones, within 4x the quota of draws
+                while (
+                    family.inputs + len(tasks) < family.quota
+                    and n < 4 * family.quota
+                    and time.monotonic() - started < family.seconds
+                ):
                     item = osb.generate(self.seed, n, self.ids, self.canary, self.known)
                     if (item.run and len(self.operations) >= self.max_runs) or n in self.primed:
                         n += 1

@@ -12,15 +12,20 @@ from typing import Any
 from tests.fuzz import scopes, tunnel
 from tests.fuzz.families import Family, amplification, distinct_clouds, rss_back
 from tests.fuzz.inputs import Input
+from tests.fuzz.stalls import SETTLE_EVERY, StallWatch
 
 RSS_SLACK = 16.0  # MB a worker may keep after a family, as the raw family allows
 
 
 async def drive(
-    family: Family, only: int | None, concurrency: int, one: Callable[[int], Awaitable[None]]
+    family: Family,
+    only: int | None,
+    concurrency: int,
+    one: Callable[[int], Awaitable[None]],
+    stalls: StallWatch | None = None,
 ) -> None:
     """Inputs 0, 1, ... of `family` (or the one `only`) until its quota or its time is up,
-    `concurrency` at a time."""
+    `concurrency` at a time; the heap settled every SETTLE_EVERY inputs (`stalls`)."""
     started = time.monotonic()
     semaphore = asyncio.Semaphore(concurrency)
 
@@ -41,6 +46,9 @@ async def drive(
             while len(tasks) >= concurrency * 2:
                 await asyncio.sleep(0.001)
             n += 1
+            if stalls is not None and n % SETTLE_EVERY == 0:
+                await asyncio.gather(*tasks)
+                stalls.settle()
         await asyncio.gather(*tasks)
     family.elapsed = time.monotonic() - started
 
@@ -51,13 +59,23 @@ async def run_tunnel(harness: Any, family: Family) -> None:
     targets = harness.tunnel_targets
     statuses: Counter[str] = Counter()
     kinds: Counter[str] = Counter()
+    stalls: StallWatch = harness.stalls
 
     async def one(n: int) -> None:
         item = tunnel.tunnel_input(seed, n, targets)
         kinds[item.family] += 1
-        connect, data, seconds, failed = await tunnel.exchange(
-            harness.addresses["proxy"], item, context, harness.deadline
-        )
+        for attempt in (1, 2):
+            started = time.monotonic()
+            connect, data, seconds, failed = await tunnel.exchange(
+                harness.addresses["proxy"], item, context, harness.deadline
+            )
+            stalled = stalls.longest_during(started, time.monotonic())
+            if attempt == 1 and failed and stalled >= harness.stall_limit:
+                # the harness stopped (stalls.py) for as long as the router's deadline: the
+                # router closing on a client that went quiet is right; the input again, once
+                statuses["retried_after_harness_stall"] += 1
+                continue
+            break
         if args.show:
             print(
                 f"input {n} (tunnel {item.family}, CONNECT {item.target.decode()}, "
@@ -79,7 +97,7 @@ async def run_tunnel(harness: Any, family: Family) -> None:
         for problem in answers.problems:
             family.violation(seed, n, problem)
 
-    await drive(family, args.only, args.concurrency, one)
+    await drive(family, args.only, args.concurrency, one, harness.stalls)
     family.figures.update({"answers": dict(statuses), "kinds": dict(kinds)})
 
 
@@ -117,7 +135,7 @@ async def run_scope(harness: Any, family: Family) -> None:
 
     sampler = asyncio.create_task(sample())
     try:
-        await drive(family, args.only, args.concurrency, one)
+        await drive(family, args.only, args.concurrency, one, harness.stalls)
     finally:
         sampler.cancel()
     await asyncio.sleep(harness.idle + 0.5)  # idle connections close, buffers go

@@ -115,3 +115,30 @@ def test_tunnel_inputs_are_reproducible_and_carry_their_id() -> None:
         item = tunnel.tunnel_input(9, n, targets)
         assert item == tunnel.tunnel_input(9, n, targets)
         assert item.target in targets
+
+
+def test_a_stall_of_the_harness_is_seen_and_located() -> None:
+    """The harness's own pauses (stalls.py) are measured, not guessed: a blocked loop is
+    recorded with where it was, and only exchanges that overlapped it are excused."""
+    import asyncio
+    import time
+
+    from tests.fuzz.stalls import STALL, StallWatch
+
+    watch = StallWatch()
+
+    async def go() -> tuple[float, float]:
+        watch.start()
+        await asyncio.sleep(0.1)
+        blocked = time.monotonic()
+        time.sleep(STALL + 0.2)  # the whole process stops, as a full GC over a big heap does
+        await asyncio.sleep(0.1)
+        await watch.stop()
+        return blocked, time.monotonic()
+
+    blocked, end = asyncio.run(go())
+    assert len(watch.stalls) == 1
+    assert watch.longest_during(blocked, end) >= STALL
+    assert watch.longest_during(end, end + 1) == 0.0  # an exchange after it: not excused
+    watch.settle()
+    assert watch.figures()["heap_settles"] == 1
