@@ -45,12 +45,9 @@ from scoperouter.broker.contract import LeaseLost
 from scoperouter.broker.engine import is_sqlite, make_engine
 from scoperouter.broker.tables import (
     BINDING,
-    BOUND,
     DEPROVISIONING,
-    FAILED,
     GONE,
     IN_PROGRESS,
-    PROVISIONED,
     PROVISIONING,
     SUCCEEDED,
     UNBINDING,
@@ -59,38 +56,8 @@ from scoperouter.broker.tables import (
     Binding,
     Instance,
     Operation,
-    iso,
-    new_operation_id,
-    request_hash,
     utcnow,
 )
-
-# The tables and states moved to scoperouter.broker.tables; osb/ and bench/ import them from
-# here: re-exported for them (lead removes after merge).
-__all__ = [
-    "BINDING",
-    "BOUND",
-    "DEPROVISIONING",
-    "FAILED",
-    "GONE",
-    "IN_PROGRESS",
-    "PROVISIONED",
-    "PROVISIONING",
-    "SUCCEEDED",
-    "UNBINDING",
-    "UPDATING",
-    "Base",
-    "Binding",
-    "Instance",
-    "Operation",
-    "Status",
-    "Store",
-    "is_duplicate",
-    "iso",
-    "new_operation_id",
-    "request_hash",
-    "utcnow",
-]
 
 
 class Status(NamedTuple):

@@ -19,12 +19,12 @@ from scoperouter.broker.identity import TenancyError
 from scoperouter.broker.logs import excerpt
 from scoperouter.broker.runtime import Broker, PlanRef
 from scoperouter.broker.services.base import Done, Failed, InstanceView, InvalidParameters
-from scoperouter.broker.store import (
+from scoperouter.broker.store import is_duplicate
+from scoperouter.broker.tables import (
     IN_PROGRESS,
     Binding,
     Instance,
     Operation,
-    is_duplicate,
     iso,
     new_operation_id,
     utcnow,
@@ -153,7 +153,7 @@ def check_references(
 ) -> None:
     """The service's checks of what the parameters name among the broker's instances (and of
     `instance` as it is): 400 naming the field, before anything is written."""
-    from scoperouter.broker.store import PROVISIONED
+    from scoperouter.broker.tables import PROVISIONED
     from scoperouter.broker.worker import instance_view
 
     def lookup(instance_id: str) -> InstanceView | None:
