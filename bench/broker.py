@@ -52,12 +52,12 @@ from bench.load import (
 from scoperouter.broker import migrate
 from scoperouter.broker.secrets import generate_key
 from scoperouter.broker.services.base import stable_id
-from scoperouter.broker.store import (
+from scoperouter.broker.store import Store
+from scoperouter.broker.tables import (
     IN_PROGRESS,
     PROVISIONING,
     Instance,
     Operation,
-    Store,
     new_operation_id,
     utcnow,
 )

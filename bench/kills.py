@@ -65,7 +65,8 @@ from bench.procs import interrupt_on_termination
 from bench.report import Target, exit_status, mark, not_passed, overall, table, targets_table
 from scoperouter.broker import migrate
 from scoperouter.broker.osbclient import Answer, OSBClient
-from scoperouter.broker.store import IN_PROGRESS, Store
+from scoperouter.broker.store import Store
+from scoperouter.broker.tables import IN_PROGRESS
 from tests.broker import fakes
 from tests.broker.pg import Cluster, free_port
 

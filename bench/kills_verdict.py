@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import Target
-from scoperouter.broker.store import (
+from scoperouter.broker.store import Store
+from scoperouter.broker.tables import (
     BINDING,
     BOUND,
     DEPROVISIONING,
@@ -30,7 +31,6 @@ from scoperouter.broker.store import (
     Binding,
     Instance,
     Operation,
-    Store,
 )
 
 EXAMPLES = 5

@@ -21,6 +21,7 @@ import base64
 import binascii
 import json
 import logging
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 from urllib.parse import unquote, unquote_plus
 
@@ -56,6 +57,7 @@ from scoperouter.broker.osb.common import (
     Endpoints,
     OSBError,
     Reply,
+    ReplyBody,
     RequestFacts,
     bad_request,
 )
@@ -105,20 +107,20 @@ def _query_value(query: bytes, name: bytes) -> str | None:
     return None
 
 
-def _body(reply: Reply[Any]) -> dict[str, Any]:
+def _body(reply: Reply[ReplyBody]) -> dict[str, Any]:
     body = reply.body
     if isinstance(body, BaseModel):
         return body.model_dump(mode="json", exclude_none=True)
     return dict(body)
 
 
-def respond(reply: Reply[Any]) -> Response:
+def respond(reply: Reply[ReplyBody]) -> Response:
     """An endpoint's reply as a Starlette response."""
     headers = {"Retry-After": str(reply.retry_after)} if reply.retry_after is not None else None
     return JSONResponse(_body(reply), status_code=reply.status, headers=headers)
 
 
-def answer(reply: Reply[Any]) -> Answer:
+def answer(reply: Reply[ReplyBody]) -> Answer:
     """An endpoint's reply on the polling path (no Starlette response)."""
     if reply.retry_after is not None:
         return Answer.of(reply.status, _body(reply), (b"retry-after", b"%d" % reply.retry_after))
@@ -309,7 +311,7 @@ def create_app(broker: Broker, *, worker: Worker | None = None, password: str) -
     )
 
 
-def _validation_body(errors: Any) -> dict[str, Any]:
+def _validation_body(errors: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """FastAPI's validation errors as one OSB 400 naming the first bad field."""
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
     loc = [excerpt(p) for p in first.get("loc", ())]  # a key may be the client's

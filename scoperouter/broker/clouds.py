@@ -29,6 +29,7 @@ from scoperouter.broker.contract import Capacity
 from scoperouter.client import scope_session
 
 if TYPE_CHECKING:
+    import requests
     from openstack.config.cloud_region import CloudRegion
     from openstack.config.loader import OpenStackConfig
     from openstack.connection import Connection
@@ -143,7 +144,11 @@ class FederationClouds:
         conn = self.connect(cloud, project_id=project_id, scope=scope)
         # the plugin's token, not the session's: a scoped session's headers carry the token
         # with the scope joined, which keystone does not know (the hook adds the scope)
-        auth: Any = conn.session.auth
+        from keystoneauth1.plugin import BaseAuthPlugin
+
+        auth = conn.session.auth
+        if not isinstance(auth, BaseAuthPlugin):
+            raise CloudUnavailable(f"{cloud}: the connection has no keystoneauth plugin")
         token = auth.get_token(conn.session)
         config = self._region(cloud).config
         entry: dict[str, Any] = {
@@ -171,16 +176,20 @@ class FederationClouds:
         """Public endpoints by service type in the token's catalog, in the cloud's region
         (the first of a type; the catalog advertises the routers' URLs)."""
         conn = self.connect(cloud, project_id=project_id, scope=scope)
-        auth: Any = conn.session.auth  # an identity plugin: it holds the token's catalog
-        access = auth.get_access(conn.session)
-        found = access.service_catalog.get_endpoints(
+        from keystoneauth1.identity.base import BaseIdentityPlugin
+
+        auth = conn.session.auth  # an identity plugin: it holds the token's catalog
+        if not isinstance(auth, BaseIdentityPlugin):
+            raise CloudUnavailable(f"{cloud}: the connection's auth has no service catalog")
+        found = auth.get_access(conn.session).service_catalog.get_endpoints(
             interface="public", region_name=self.region(cloud)
         )
-        return {
-            str(service_type): str(listed[0]["url"])
-            for service_type, listed in found.items()
-            if listed and listed[0].get("url")
-        }
+        urls: dict[str, str] = {}
+        for service_type, listed in found.items():
+            first = listed[0] if listed else None
+            if first and first.get("url"):
+                urls[str(service_type)] = str(first["url"])
+        return urls
 
     def capacity(self, cloud: str) -> Capacity:
         """Free capacity of `cloud` per resource class, from placement through its router:
@@ -227,25 +236,28 @@ class FederationClouds:
                 )
             return self._config
 
-    def _region(self, cloud: str, **overrides: Any) -> CloudRegion:
+    def _region(self, cloud: str, auth: Mapping[str, Any] | None = None) -> CloudRegion:
+        """The entry of `cloud` as openstacksdk reads it; `auth`: its auth section replaced."""
         access = self._get_access(cloud)
+        config = self._openstack_config()
         try:
-            region: CloudRegion = self._openstack_config().get_one(cloud=access.entry, **overrides)
-            return region
+            if auth is None:
+                return config.get_one(cloud=access.entry)
+            return config.get_one(cloud=access.entry, auth=dict(auth))
         except Exception as exc:
             raise CloudUnavailable(
                 f"clouds.yaml entry {access.entry!r} for {cloud}: {_short(exc)}"
             ) from exc
 
     def _new_connection(self, cloud: str, project_id: str | None, scope: str | None) -> Connection:
-        overrides: dict[str, Any] = {}
+        auth = None
         if project_id is not None:
             # Replace whatever project the entry names (by name or id) with this one.
             base = dict(self._region(cloud).config.get("auth", {}))
             for key in ("project_name", "project_id", "project_domain_name", "project_domain_id"):
                 base.pop(key, None)
-            overrides["auth"] = {**base, "project_id": project_id}
-        region = self._region(cloud, **overrides)
+            auth = {**base, "project_id": project_id}
+        region = self._region(cloud, auth)
         if self._factory is not None:
             conn = self._factory(region)
         else:
@@ -289,7 +301,7 @@ class FederationClouds:
         )
 
 
-def _json(response: Any) -> Mapping[str, Any]:
+def _json(response: requests.Response) -> Mapping[str, Any]:
     if response.status_code != 200:
         raise CloudUnavailable(f"placement answered {response.status_code}: {response.text[:200]}")
     data = response.json()

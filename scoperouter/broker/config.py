@@ -267,7 +267,7 @@ def parse_api_version(text: str) -> tuple[int, int]:
 _SECRET_KEYS = {"password", "secret", "application_credential_secret", "keys"}
 
 
-def _refuse_secrets(data: Any, path: str = "") -> None:
+def _refuse_secrets(data: object, path: str = "") -> None:
     if isinstance(data, Mapping):
         for key, value in data.items():
             where = f"{path}.{key}" if path else str(key)
@@ -294,7 +294,7 @@ def load_config(path: str | Path) -> BrokerConfig:
     return config_from_dict(data, source=path)
 
 
-def config_from_dict(data: Any, *, source: Path | None = None) -> BrokerConfig:
+def config_from_dict(data: object, *, source: Path | None = None) -> BrokerConfig:
     where = f"{source}: " if source else ""
     if not isinstance(data, Mapping):
         raise BrokerConfigError(f"{where}expected a mapping at the top level")

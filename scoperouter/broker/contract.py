@@ -49,6 +49,10 @@ def stable_id(*parts: str) -> str:
 
 OperationKind = Literal["provision", "update", "deprovision", "bind", "unbind"]
 JSONSchema = Mapping[str, Any]
+JSONValue = Any
+"""A JSON value of any shape: what a JSON column, a request's parameters or a YAML file hold.
+The broker's `Any` stands only here and as the values of str-keyed JSON objects
+(``dict[str, Any]``, ``Mapping[str, Any]``); tests/unit/test_broker_types.py keeps it so."""
 
 
 # ------------------------------------------------------------------------------ catalog
@@ -277,7 +281,7 @@ class OperationContext(abc.ABC):
         return self.cancelled
 
     @abc.abstractmethod
-    def save(self, **progress: Any) -> None:
+    def save(self, **progress: JSONValue) -> None:
         """Merge `progress` into the operation's saved progress and commit it now (so a pass
         that dies after this line does not redo the step). Raises LeaseLost."""
 
@@ -286,7 +290,7 @@ class OperationContext(abc.ABC):
         """Record the cloud the instance lives in (shown in GET and metadata); commits."""
 
     @abc.abstractmethod
-    def set_resources(self, **ids: Any) -> None:
+    def set_resources(self, **ids: JSONValue) -> None:
         """Merge OpenStack ids into the instance's (or, for bind/unbind, the binding's)
         resources; commits. E.g. ``set_resources(project_id=..., server_id=...)``."""
 
@@ -306,7 +310,7 @@ class OperationContext(abc.ABC):
         parameter naming one (a volume's server) refers to now."""
         return None
 
-    def keep_secrets(self, **values: Any) -> None:
+    def keep_secrets(self, **values: JSONValue) -> None:
         """Merge `values` into the instance's secrets, stored encrypted (a key pair's private
         key that only its creation returns, for later binds); commits. A value None removes
         its key."""

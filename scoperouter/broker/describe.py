@@ -6,7 +6,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, TypedDict
 
-from scoperouter.broker.store import GONE, Store
+from scoperouter.broker.store import Store
+from scoperouter.broker.tables import GONE
 
 
 class InstanceRow(TypedDict):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, TypedDict
 
 from scoperouter.broker.contract import Found
-from scoperouter.broker.store import GONE
+from scoperouter.broker.tables import GONE
 
 if TYPE_CHECKING:
     from scoperouter.broker.runtime import Broker

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+import sqlite3
 
-from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.pool import SingletonThreadPool
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.pool import ConnectionPoolEntry, SingletonThreadPool
 
 
 def is_sqlite(url: str) -> bool:
@@ -22,17 +22,21 @@ def make_engine(url: str, *, immediate: bool | None = False, pool_size: int = 10
     up front), False ``BEGIN``, None no BEGIN at all (autocommit: each statement reads its own
     consistent snapshot, the cheapest for the polling path's one-statement reads)."""
     if is_sqlite(url):
-        options: dict[str, Any] = {}
+        connect_args = {"timeout": 30, "check_same_thread": False}
         if immediate is None:
             # Autocommit reads hold no transaction, so a connection can stay with its thread
             # (no pool queue per checkout) and needs no ROLLBACK when it is given back.
-            options = {"poolclass": SingletonThreadPool, "pool_reset_on_return": None}
-        engine = create_engine(
-            url, connect_args={"timeout": 30, "check_same_thread": False}, **options
-        )
+            engine = create_engine(
+                url,
+                connect_args=connect_args,
+                poolclass=SingletonThreadPool,
+                pool_reset_on_return=None,
+            )
+        else:
+            engine = create_engine(url, connect_args=connect_args)
 
         @event.listens_for(engine, "connect")
-        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        def _on_connect(dbapi_connection: sqlite3.Connection, _record: ConnectionPoolEntry) -> None:
             # let SQLAlchemy's BEGIN below be the only transaction control
             dbapi_connection.isolation_level = None
             cursor = dbapi_connection.cursor()
@@ -45,7 +49,7 @@ def make_engine(url: str, *, immediate: bool | None = False, pool_size: int = 10
         if immediate is not None:
 
             @event.listens_for(engine, "begin")
-            def _on_begin(connection: Any) -> None:
+            def _on_begin(connection: Connection) -> None:
                 connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
         return engine

@@ -22,6 +22,7 @@ from scoperouter.broker.logs import excerpt
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]  # what FastAPI's app is
 
 log = logging.getLogger("scoperouter.broker.api")
 access_log = logging.getLogger("scoperouter.broker.access")
@@ -133,7 +134,7 @@ class BrokerMiddleware:
 
     def __init__(
         self,
-        app: Any,
+        app: ASGIApp,
         *,
         username: str,
         password: str,

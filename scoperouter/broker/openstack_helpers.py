@@ -12,15 +12,17 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from scoperouter.broker import credentials
 from scoperouter.broker.contract import Failed, OperationContext, Outcome
 from scoperouter.broker.identity import INSTANCE_TAG_PREFIX, space_of
 
 if TYPE_CHECKING:
+    from openstack.block_storage.v3._proxy import Proxy as CinderV3
     from openstack.connection import Connection
     from openstack.image.v1.image import Image as ImageV1
+    from openstack.image.v2._proxy import Proxy as GlanceV2
     from openstack.image.v2.image import Image
 
 METADATA_KEY = "osb_instance_id"
@@ -64,6 +66,18 @@ def short(text: object, limit: int = 300) -> str:
     """The first line of an error, at most `limit` characters (descriptions stay readable)."""
     first = str(text).strip().splitlines()[0] if str(text).strip() else "no details"
     return first if len(first) <= limit else first[: limit - 3] + "..."
+
+
+def glance(conn: Connection) -> GlanceV2:
+    """The connection's image proxy, which is v2 (glance has had no v1 API since Rocky;
+    openstacksdk types `conn.image` as either)."""
+    return cast("GlanceV2", conn.image)
+
+
+def cinder(conn: Connection) -> CinderV3:
+    """The connection's block-storage proxy, which is v3 (cinder's v2 API is gone since
+    Xena; openstacksdk types `conn.block_storage` as either)."""
+    return cast("CinderV3", conn.block_storage)
 
 
 def find_image(conn: Connection, ref: str) -> Image | ImageV1 | None:

@@ -30,6 +30,8 @@ from typing import Any
 
 import httpx
 
+from scoperouter.broker.contract import JSONValue
+
 CF_CONTEXT = {
     "platform": "cloudfoundry",
     "organization_guid": "00000000-0000-4000-8000-00000000000a",
@@ -42,7 +44,7 @@ CF_CONTEXT = {
 @dataclass(frozen=True)
 class Answer:
     status: int
-    body: Any
+    body: JSONValue  # the answer's JSON (its text when not JSON; None: empty)
     headers: Mapping[str, str]
     request_identity: str
 
@@ -122,7 +124,9 @@ class OSBClient:
     def catalog(self) -> Answer:
         return self.request("GET", "/v2/catalog", user_action=False)
 
-    def _instance_body(self, service_id: str, plan_id: str, parameters: Any) -> dict[str, Any]:
+    def _instance_body(
+        self, service_id: str, plan_id: str, parameters: Mapping[str, Any] | None
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "service_id": service_id,
             "plan_id": plan_id,

@@ -28,6 +28,8 @@ from scoperouter.broker.contract import (
     CatalogEntry,
     Clouds,
     InvalidParameters,
+    JSONValue,
+    OperationKind,
     PlanEntry,
     Service,
 )
@@ -58,7 +60,7 @@ class PlanRef:
             return self.plan.plan_updateable
         return self.entry.plan_updateable
 
-    def validate(self, which: str, kind: Any, parameters: Mapping[str, Any]) -> None:
+    def validate(self, which: str, kind: OperationKind, parameters: Mapping[str, Any]) -> None:
         """JSON schema of the plan, then the service's own checks; InvalidParameters naming
         the field (a JSON path under ``parameters``)."""
         validator = self.validators.get(which)
@@ -82,13 +84,13 @@ def describe_error(error: ValidationError) -> tuple[str, str]:
         f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path
     )
     keyword = str(error.validator)
-    expected: Any = error.validator_value
+    expected: JSONValue = error.validator_value  # the schema's value of the keyword
     if keyword == "required":
         names = [
             n for n in expected if isinstance(error.instance, Mapping) and n not in error.instance
         ]
         return (f"{path}.{names[0]}" if names else path), "required"
-    schema: Any = error.schema
+    schema = error.schema if isinstance(error.schema, Mapping) else {}
     if keyword == "additionalProperties" and isinstance(error.instance, Mapping):
         known = set((schema.get("properties") or {}).keys())
         patterns = list((schema.get("patternProperties") or {}).keys())
@@ -127,7 +129,7 @@ def describe_error(error: ValidationError) -> tuple[str, str]:
     return path, f"does not satisfy the schema's {keyword!r} rule"
 
 
-def _kind(expected: Any) -> str:
+def _kind(expected: object) -> str:
     kinds = expected if isinstance(expected, list) else [expected]
     return " or ".join(str(k) for k in kinds)
 
@@ -161,7 +163,7 @@ def compile_schema(schema: Mapping[str, Any], where: str) -> Validator:
     return validator
 
 
-def _refs(node: Any) -> list[str]:
+def _refs(node: object) -> list[str]:
     if isinstance(node, Mapping):
         found = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
         for value in node.values():

@@ -24,9 +24,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from sqlalchemy import (
     and_,
@@ -39,18 +39,17 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, aliased, sessionmaker
+from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.sql import ColumnElement, Select
+from sqlalchemy.sql.compiler import SQLCompiler
 
 from scoperouter.broker.contract import LeaseLost
 from scoperouter.broker.engine import is_sqlite, make_engine
 from scoperouter.broker.tables import (
     BINDING,
-    BOUND,
     DEPROVISIONING,
-    FAILED,
     GONE,
     IN_PROGRESS,
-    PROVISIONED,
     PROVISIONING,
     SUCCEEDED,
     UNBINDING,
@@ -59,38 +58,8 @@ from scoperouter.broker.tables import (
     Binding,
     Instance,
     Operation,
-    iso,
-    new_operation_id,
-    request_hash,
     utcnow,
 )
-
-# The tables and states moved to scoperouter.broker.tables; osb/ and bench/ import them from
-# here: re-exported for them (lead removes after merge).
-__all__ = [
-    "BINDING",
-    "BOUND",
-    "DEPROVISIONING",
-    "FAILED",
-    "GONE",
-    "IN_PROGRESS",
-    "PROVISIONED",
-    "PROVISIONING",
-    "SUCCEEDED",
-    "UNBINDING",
-    "UPDATING",
-    "Base",
-    "Binding",
-    "Instance",
-    "Operation",
-    "Status",
-    "Store",
-    "is_duplicate",
-    "iso",
-    "new_operation_id",
-    "request_hash",
-    "utcnow",
-]
 
 
 class Status(NamedTuple):
@@ -103,18 +72,25 @@ class Status(NamedTuple):
     not_before: datetime
 
 
+# A result column's conversion of a driver value (SQLAlchemy's processor; None: none needed).
+_Processor = Callable[[object], object] | None
+# The arguments of a DB-API execute: positional (qmark, format) or named (pyformat).
+_DBArgs = Sequence[object] | Mapping[str, object]
+_Row = tuple[object, ...]  # what a DB-API cursor fetches (sqlite3 and psycopg: a tuple)
+
+
 class _Prepared(NamedTuple):
     sql: str
-    compiled: Any
+    compiled: SQLCompiler
     positions: list[str]
-    processors: list[Any]
-    defaults: dict[str, Any] | None
+    processors: Sequence[_Processor]
+    defaults: dict[str, object] | None
 
 
 # ------------------------------------------------------------------------------- engine
 
 
-def _one_row(connection: Any, sql: str, args: Any) -> Any:
+def _one_row(connection: PoolProxiedConnection, sql: str, args: _DBArgs) -> _Row | None:
     cursor = connection.cursor()
     cursor.execute(sql, args)
     row = cursor.fetchone()
@@ -219,25 +195,27 @@ class Store:
         the result conversions (the column types' result processors): one code path for
         SQLite and PostgreSQL."""
         prepared = self._prepared(bool(operation_id), binding_id is not None)
-        params: dict[str, Any] = {"instance_id": instance_id}
+        params: dict[str, str] = {"instance_id": instance_id}
         if operation_id:
             params["operation_id"] = operation_id
         if binding_id is not None:
             params["binding_id"] = binding_id
         if prepared.defaults is not None:  # no bind processors: the constants, then ours
-            bound = {**prepared.defaults, **params}
+            bound: Mapping[str, object] = {**prepared.defaults, **params}
         else:
             bound = prepared.compiled.construct_params(params)
-        args: Any = [bound[name] for name in prepared.positions] if prepared.positions else bound
+        args: _DBArgs = (
+            [bound[name] for name in prepared.positions] if prepared.positions else bound
+        )
         row = self._fetch_one(prepared.sql, args)
         if row is None:
             return None
         values = [
             p(v) if p is not None else v for p, v in zip(prepared.processors, row, strict=True)
         ]
-        return Status(*values)
+        return Status._make(values)
 
-    def _fetch_one(self, sql: str, args: Any) -> Any:
+    def _fetch_one(self, sql: str, args: _DBArgs) -> _Row | None:
         """One row of a polling read. SQLite: on this thread's own connection, kept (it is in
         autocommit: no transaction, no snapshot held between statements). PostgreSQL: a pooled
         connection for the statement, given back at once (an idle one would sit in a
@@ -250,14 +228,14 @@ class Store:
         except dbapi_error as exc:
             raise OperationalError(sql, args, exc) from exc
 
-    def _fetch_one_raw(self, sql: str, args: Any) -> Any:
+    def _fetch_one_raw(self, sql: str, args: _DBArgs) -> _Row | None:
         if not self.sqlite:
             raw = self._poll_engine.raw_connection()
             try:
                 return _one_row(raw, sql, args)
             finally:
                 raw.close()
-        kept: Any = getattr(self._poll_local, "connection", None)
+        kept: PoolProxiedConnection | None = getattr(self._poll_local, "connection", None)
         if kept is None:
             kept = self._poll_local.connection = self._poll_engine.raw_connection()
         try:
@@ -272,6 +250,8 @@ class Store:
         query = self._status_query(by_operation, of_binding)
         dialect = self._poll_engine.dialect
         compiled = query.compile(dialect=dialect)
+        if not isinstance(compiled, SQLCompiler):  # a SELECT compiles to SQL, on any dialect
+            raise TypeError(f"unexpected compiler {type(compiled).__name__}")
         processors = [
             column.type._cached_result_processor(dialect, None) for column in query.selected_columns
         ]
@@ -539,9 +519,9 @@ class Store:
             query = select(Instance.id).where(Instance.state == GONE, Instance.updated_at < when)
             return list(session.scalars(query).all())
 
-    def snapshot(self) -> dict[str, list[tuple[Any, ...]]]:
+    def snapshot(self) -> dict[str, list[tuple[object, ...]]]:
         """Every row of every table (tests compare snapshots around 4xx answers)."""
-        out: dict[str, list[tuple[Any, ...]]] = {}
+        out: dict[str, list[tuple[object, ...]]] = {}
         with self.read() as session:
             for table in Base.metadata.sorted_tables:
                 rows = session.execute(select(table)).all()

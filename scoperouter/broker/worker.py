@@ -25,7 +25,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import sqlalchemy.exc
 from sqlalchemy.orm import Session
@@ -36,6 +36,7 @@ from scoperouter.broker.contract import (
     Done,
     Failed,
     InstanceView,
+    JSONValue,
     LeaseLost,
     OperationContext,
     OperationKind,
@@ -201,7 +202,7 @@ class WorkerContext(OperationContext):
         if self._heartbeat.lost(self.operation_id):
             raise LeaseLost(f"lease of operation {self.operation_id} lost")
 
-    def save(self, **progress: Any) -> None:
+    def save(self, **progress: JSONValue) -> None:
         self._check()
         with self._store.write() as session:
             op = self._store.owned(session, self.operation_id, self._owner)
@@ -216,9 +217,9 @@ class WorkerContext(OperationContext):
             instance = self._store.instance(session, self.instance.id)
             if instance is not None:
                 instance.cloud = cloud
-        self.instance = _replace(self.instance, cloud=cloud)
+        self.instance = dataclasses.replace(self.instance, cloud=cloud)
 
-    def set_resources(self, **ids: Any) -> None:
+    def set_resources(self, **ids: JSONValue) -> None:
         self._check()
         with self._store.write() as session:
             self._store.owned(session, self.operation_id, self._owner)
@@ -230,9 +231,9 @@ class WorkerContext(OperationContext):
                 row.resources = {**(row.resources or {}), **ids}
                 merged = dict(row.resources)
         if self.binding is not None:
-            self.binding = _replace(self.binding, resources=merged)
+            self.binding = dataclasses.replace(self.binding, resources=merged)
         else:
-            self.instance = _replace(self.instance, resources=merged)
+            self.instance = dataclasses.replace(self.instance, resources=merged)
 
     def describe(self, text: str) -> None:
         try:
@@ -256,7 +257,7 @@ class WorkerContext(OperationContext):
             token = instance.secrets if instance is not None else None
         return self._broker.secrets.decrypt(token) if token else {}
 
-    def keep_secrets(self, **values: Any) -> None:
+    def keep_secrets(self, **values: JSONValue) -> None:
         self._check()
         with self._store.write() as session:
             self._store.owned(session, self.operation_id, self._owner)
@@ -281,13 +282,6 @@ def instance_view(instance: Instance) -> InstanceView:
         resources=dict(instance.resources or {}),
         service_name=instance.service_name,
     )
-
-
-View = TypeVar("View", InstanceView, BindingView)
-
-
-def _replace(view: View, **changes: Any) -> View:
-    return dataclasses.replace(view, **changes)
 
 
 class Runner:

@@ -27,7 +27,8 @@ from bench.kills_verdict import (
     scan_log,
     verdicts,
 )
-from scoperouter.broker.store import (
+from scoperouter.broker.store import Store
+from scoperouter.broker.tables import (
     BOUND,
     GONE,
     IN_PROGRESS,
@@ -36,7 +37,6 @@ from scoperouter.broker.store import (
     Binding,
     Instance,
     Operation,
-    Store,
     new_operation_id,
     utcnow,
 )

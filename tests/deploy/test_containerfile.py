@@ -21,7 +21,7 @@ from dockerfile_parse import DockerfileParser  # type: ignore[import-untyped]
 
 REPO = Path(__file__).resolve().parents[2]
 CONTAINERFILE = REPO / "Containerfile"
-BASE = "python:3.11-slim-bookworm"
+BASE = "python:3.12-slim-bookworm"  # 3.12+: the router extra brings mitmproxy 12
 VENV = "/opt/scoperouter"
 # What a final stage must not install: a compiler or headers (the build stage may).
 BUILD_TOOLS = ("gcc", "g++", "build-essential", "make", "python3-dev", "libc6-dev", "cargo")
@@ -118,6 +118,25 @@ def test_entrypoint_is_a_console_script_of_the_package() -> None:
     assert command[0] in scripts, (command, scripts)
     path = [e for e in _of(_stages()[1], "ENV") if "PATH=" in e]
     assert path and f"PATH={VENV}/bin:" in path[0]
+
+
+def test_the_image_s_python_takes_mitmproxy_12() -> None:
+    """The base's Python (its tag) picks the router extra's mitmproxy 12 pin, not 11.0.2 (the
+    pin Python 3.11 keeps: issue 33)."""
+    from packaging.requirements import Requirement
+
+    tag = _of(_stages()[1], "FROM")[0].split(":", 1)[1]  # "3.12-slim-bookworm"
+    python = ".".join(tag.split("-", 1)[0].split(".")[:2])
+    setup = configparser.ConfigParser()
+    setup.read(REPO / "setup.cfg")
+    lines = setup["options.extras_require"]["router"].splitlines()
+    pins = [Requirement(line) for line in lines if line.strip().startswith("mitmproxy")]
+    taken = [
+        str(r.specifier)
+        for r in pins
+        if r.marker is None or r.marker.evaluate({"python_version": python})
+    ]
+    assert len(taken) == 1 and taken[0].startswith("==12."), (python, taken)
 
 
 def test_router_and_broker_extras_exist() -> None:

@@ -13,7 +13,10 @@ endpoints (one module per OSB endpoint, the OSB models) -> state (worker, runtim
 tables, the operator's queries) -> services (the plug-ins) -> contract and helpers (the plug-in
 contract, the OpenStack helpers, placement, credentials, identity, config). A module imports
 its own layer or lower ones, never a higher one; every broker module has a layer (a new one
-must be placed here); no import cycle; no module over 600 lines.
+must be placed here); no import cycle; no module over 600 lines. The tables and their states
+(``Instance``, ``GONE``, ``utcnow``...) are imported from ``scoperouter.broker.tables``, where
+they are defined, never through ``scoperouter.broker.store`` (the queries), anywhere in the
+package, bench/, tests/ or lab/.
 """
 
 from __future__ import annotations
@@ -305,6 +308,56 @@ def test_the_layer_check_finds_an_upward_import(tmp_path: Path) -> None:
     ]
     unplaced = upward_imports(graph, {"mini.services": 2, "mini.helpers": 1})
     assert {"mini has no layer", "mini.stray has no layer"} <= set(unplaced)
+
+
+def _top_level_names(path: Path) -> set[str]:
+    """The names a module defines at its top level (classes, functions, assignments)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ClassDef | ast.FunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def imports_through(paths: list[Path], module: str, names: set[str]) -> list[str]:
+    """Every import of one of `names` from `module` in `paths` (as "file:line name")."""
+    found = []
+    for path in paths:
+        shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == module:
+                found += [
+                    f"{shown}:{node.lineno} {alias.name}"
+                    for alias in node.names
+                    if alias.name in names
+                ]
+    return sorted(found)
+
+
+def test_the_tables_are_imported_from_tables_not_store() -> None:
+    """The tables moved out of store.py (720 lines) into tables.py; store.py re-exported them
+    for a while. Now every importer names tables.py: one name for each table and state, and
+    no dependency on the queries where only the schema is needed."""
+    tables = _top_level_names(PACKAGE / "broker" / "tables.py")
+    assert {"Instance", "Binding", "Operation", "GONE", "utcnow"} <= tables
+    paths = [
+        path
+        for top in ("scoperouter", "bench", "tests", "lab")
+        for path in sorted((ROOT / top).rglob("*.py"))
+        if not {".venv", "site-packages", "build"} & set(path.relative_to(ROOT).parts)
+    ]
+    assert not imports_through(paths, "scoperouter.broker.store", tables)
+
+
+def test_the_re_export_check_finds_one(tmp_path: Path) -> None:
+    """The check on a planted case: a table imported through store, a query's name not."""
+    planted = tmp_path / "planted.py"
+    planted.write_text("from scoperouter.broker.store import GONE, Store\n")
+    found = imports_through([planted], "scoperouter.broker.store", {"GONE", "Instance"})
+    assert [f.split(" ")[-1] for f in found] == ["GONE"]
 
 
 def test_no_import_cycle_in_the_broker() -> None:

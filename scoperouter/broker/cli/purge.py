@@ -42,7 +42,7 @@ def register(sub: Subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scoperouter.broker.store import FAILED, GONE, utcnow
+    from scoperouter.broker.tables import FAILED, GONE, utcnow
 
     store = open_store(load(args))
     try:

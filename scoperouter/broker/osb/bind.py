@@ -28,7 +28,7 @@ from scoperouter.broker.osb.common import (
 )
 from scoperouter.broker.runtime import PlanRef
 from scoperouter.broker.services.base import Done
-from scoperouter.broker.store import (
+from scoperouter.broker.tables import (
     BINDING,
     BOUND,
     GONE,

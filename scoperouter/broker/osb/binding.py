@@ -11,7 +11,7 @@ from scoperouter.broker.osb.common import (
     OSBError,
     Reply,
 )
-from scoperouter.broker.store import BOUND, UNBINDING
+from scoperouter.broker.tables import BOUND, UNBINDING
 
 
 def get_binding(ep: Endpoints, instance_id: str, binding_id: str) -> Reply[models.BindingResponse]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
+from pydantic import BaseModel
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -18,13 +19,19 @@ from scoperouter.broker import models
 from scoperouter.broker.identity import TenancyError
 from scoperouter.broker.logs import excerpt
 from scoperouter.broker.runtime import Broker, PlanRef
-from scoperouter.broker.services.base import Done, Failed, InstanceView, InvalidParameters
-from scoperouter.broker.store import (
+from scoperouter.broker.services.base import (
+    Done,
+    Failed,
+    InstanceView,
+    InvalidParameters,
+    OperationKind,
+)
+from scoperouter.broker.store import is_duplicate
+from scoperouter.broker.tables import (
     IN_PROGRESS,
     Binding,
     Instance,
     Operation,
-    is_duplicate,
     iso,
     new_operation_id,
     utcnow,
@@ -39,7 +46,10 @@ ID_PATTERN = re.compile(r"^[A-Za-z0-9._~-]{1,200}$")
 MAX_ID_HINT = "1-200 characters from A-Z a-z 0-9 . _ ~ -"
 
 T = TypeVar("T")
-B = TypeVar("B")
+# A reply's body: a response model of models.py, or a JSON object (the polling route's
+# TypedDict). Covariant: a Reply[AsyncResponse] is a Reply[ReplyBody] for the transport.
+ReplyBody = BaseModel | Mapping[str, Any]
+B = TypeVar("B", bound=ReplyBody, covariant=True)
 
 
 # -------------------------------------------------------------------------------- errors
@@ -135,7 +145,7 @@ def invalid(exc: InvalidParameters) -> OSBError:
     return bad_request(f"{excerpt(exc.field, 128)}: {excerpt(exc.message, 300)}")
 
 
-def validate(ref: PlanRef, which: str, kind: str, parameters: Mapping[str, Any]) -> None:
+def validate(ref: PlanRef, which: str, kind: OperationKind, parameters: Mapping[str, Any]) -> None:
     """The plan's JSON schema and the service's own checks: 400 naming the field."""
     try:
         ref.validate(which, kind, parameters)
@@ -153,7 +163,7 @@ def check_references(
 ) -> None:
     """The service's checks of what the parameters name among the broker's instances (and of
     `instance` as it is): 400 naming the field, before anything is written."""
-    from scoperouter.broker.store import PROVISIONED
+    from scoperouter.broker.tables import PROVISIONED
     from scoperouter.broker.worker import instance_view
 
     def lookup(instance_id: str) -> InstanceView | None:

@@ -18,7 +18,7 @@ from scoperouter.broker.osb.common import (
     log,
     required_query,
 )
-from scoperouter.broker.store import DEPROVISIONING, GONE
+from scoperouter.broker.tables import DEPROVISIONING, GONE
 
 DeprovisionReply = Reply[models.AsyncResponse] | Reply[models.EmptyResponse]
 

@@ -12,7 +12,7 @@ from scoperouter.broker.osb.common import (
     concurrency,
     instance_metadata,
 )
-from scoperouter.broker.store import FAILED, GONE, PROVISIONING, UPDATING
+from scoperouter.broker.tables import FAILED, GONE, PROVISIONING, UPDATING
 
 
 def get_instance(ep: Endpoints, instance_id: str) -> Reply[models.InstanceResponse]:

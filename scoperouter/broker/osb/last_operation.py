@@ -16,7 +16,7 @@ from scoperouter.broker.osb.common import (
     OSBError,
     Reply,
 )
-from scoperouter.broker.store import FAILED, IN_PROGRESS, SUCCEEDED, utcnow
+from scoperouter.broker.tables import FAILED, IN_PROGRESS, SUCCEEDED, utcnow
 
 LastOperationReply = Reply[models.LastOperationBody] | Reply[models.EmptyResponse]
 GONE: Reply[models.EmptyResponse] = Reply(410, EMPTY)

@@ -24,7 +24,7 @@ from scoperouter.broker.osb.common import (
     no_tenant,
     validate,
 )
-from scoperouter.broker.store import (
+from scoperouter.broker.tables import (
     DEPROVISIONING,
     GONE,
     PROVISIONED,

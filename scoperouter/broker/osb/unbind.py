@@ -21,7 +21,7 @@ from scoperouter.broker.osb.common import (
     required_query,
 )
 from scoperouter.broker.services.base import Done
-from scoperouter.broker.store import GONE, UNBINDING
+from scoperouter.broker.tables import GONE, UNBINDING
 
 UnbindReply = Reply[models.AsyncResponse] | Reply[models.EmptyResponse]
 

@@ -26,7 +26,7 @@ from scoperouter.broker.osb.common import (
     validate,
 )
 from scoperouter.broker.runtime import PlanRef
-from scoperouter.broker.store import GONE, PROVISIONED, UPDATING, request_hash
+from scoperouter.broker.tables import GONE, PROVISIONED, UPDATING, request_hash
 
 UpdateReply = Reply[models.AsyncResponse] | Reply[models.EmptyResponse]
 _ABSENT = object()

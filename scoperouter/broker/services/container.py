@@ -32,7 +32,7 @@ import hashlib
 import itertools
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit
 
 from scoperouter.broker import credentials
@@ -51,6 +51,9 @@ from scoperouter.broker.contract import (
 )
 from scoperouter.broker.offerings import catalog_plans
 from scoperouter.broker.services import placed
+
+if TYPE_CHECKING:
+    from openstack.object_store.v1._proxy import Proxy as ObjectStore
 
 PUBLIC_READ_ACL = ".r:*,.rlistings"
 DELETE_BATCH = 500  # objects deleted per deprovision pass
@@ -127,8 +130,9 @@ class ObjectContainerService(placed.PlacedService):
     # ------------------------------------------------------------------------ passes
 
     @staticmethod
-    def _store(op: OperationContext, target: Mapping[str, Any]) -> Any:
-        return placed.connect(op, target).object_store
+    def _store(op: OperationContext, target: Mapping[str, Any]) -> ObjectStore:
+        store: ObjectStore = placed.connect(op, target).object_store
+        return store
 
     def provision(self, op: OperationContext) -> Outcome:
         if op.cancelled:
@@ -140,7 +144,8 @@ class ObjectContainerService(placed.PlacedService):
         name = container_name(op.instance.id)
         public = bool(op.parameters.get("public_read"))
         store.create_container(name=name, read_ACL=PUBLIC_READ_ACL if public else "")
-        store.set_container_metadata(name, **{INSTANCE_META: op.instance.id})
+        metadata: dict[str, Any] = {INSTANCE_META: op.instance.id}  # X-Container-Meta-*
+        store.set_container_metadata(name, **metadata)
         url = f"{str(store.get_endpoint()).rstrip('/')}/{name}"
         op.set_resources(container=name, storage_url=url, public_read=public)
         return Done(f"container {name} in {placed.describe(target)}")

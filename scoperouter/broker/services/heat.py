@@ -215,13 +215,16 @@ class HeatService(placed.PlacedService):
         if stack is None or stack.status == "DELETE_COMPLETE":
             if op.cancelled:
                 return Failed("stopped: a deprovision request arrived")
-            stack = self._create(op, orchestration, target)
-            if isinstance(stack, Failed):
-                return stack
+            made = self._create(op, orchestration, target)
+            if isinstance(made, Failed):
+                return made
+            stack = made
         self._record(op, stack)
         return self._outcome("CREATE", stack, target)
 
-    def _create(self, op: OperationContext, orchestration: Any, target: Mapping[str, Any]) -> Any:
+    def _create(
+        self, op: OperationContext, orchestration: Orchestration, target: Mapping[str, Any]
+    ) -> Stack | Failed:
         from openstack import exceptions
 
         template = self.templates[op.plan.id]
@@ -255,7 +258,7 @@ class HeatService(placed.PlacedService):
         if op.instance.resources.get("stack_id") != stack.id:
             op.set_resources(stack_id=stack.id, stack_name=stack.name)
 
-    def _outcome(self, action: str, stack: Any, target: Mapping[str, Any]) -> Outcome:
+    def _outcome(self, action: str, stack: Stack, target: Mapping[str, Any]) -> Outcome:
         """Done, Pending or Failed (with heat's reason) for a stack after `action`."""
         status = str(stack.status or "")
         where = placed.describe(target)

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from scoperouter.broker.config import BrokerConfigError
-from scoperouter.broker.contract import DRAFT4
+from scoperouter.broker.contract import DRAFT4, JSONValue
 from scoperouter.broker.openstack_helpers import instance_tag
 
 HOT_TYPES = ("string", "number", "json", "comma_delimited_list", "boolean")
@@ -133,7 +133,7 @@ def parameter_schema(name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def _default(kind: Any, value: Any) -> Any:
+def _default(kind: str, value: JSONValue) -> JSONValue:
     if kind == "comma_delimited_list" and isinstance(value, str):
         return [item.strip() for item in value.split(",")] if value else []
     if kind == "number" and isinstance(value, str):
@@ -144,7 +144,7 @@ def _default(kind: Any, value: Any) -> Any:
     return value
 
 
-def _constrain(name: str, kind: Any, schema: dict[str, Any], constraint: Mapping[str, Any]) -> str:
+def _constrain(name: str, kind: str, schema: dict[str, Any], constraint: Mapping[str, Any]) -> str:
     """Apply one HOT constraint to `schema`; returns a note for what only heat can check."""
     where = f"parameters.{name}.constraints"
     if "length" in constraint:

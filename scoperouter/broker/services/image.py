@@ -53,6 +53,7 @@ from scoperouter.broker.openstack_helpers import (
     bind_credentials,
     error_text,
     find_image,
+    glance,
     instance_tag,
     short,
     space_project,
@@ -199,7 +200,7 @@ class ImageService(Service):
             sent = self._stream(op, target, source, conn, copy.id)
             if isinstance(sent, Failed):
                 return sent
-            copy = conn.image.get_image(copy.id)
+            copy = glance(conn).get_image(copy.id)
         if copy.status != "active":
             return Pending(f"copy {copy.id} in {target} is {copy.status}", 2.0)
         mismatch = _compare(source, copy)
@@ -299,8 +300,8 @@ class ImageService(Service):
                 )
         return None
 
-    def _find_copy(self, conn: Connection, instance_id: str) -> Any | None:
-        found = list(conn.image.images(tag=instance_tag(instance_id)))
+    def _find_copy(self, conn: Connection, instance_id: str) -> Image | None:
+        found = list(glance(conn).images(tag=instance_tag(instance_id)))
         return found[0] if found else None
 
     # -------------------------------------------------------------------- deprovision
@@ -348,10 +349,10 @@ class ImageService(Service):
             )
 
     @staticmethod
-    def _tagged(conn: Connection, tag: str) -> Iterator[Any]:
+    def _tagged(conn: Connection, tag: str) -> Iterator[Image]:
         """Images carrying `tag` in every project the broker's account sees (glance lists
         every project's images to an admin)."""
-        yield from conn.image.images(tag=tag)
+        yield from glance(conn).images(tag=tag)
 
 
 def _source_conn(clouds: Clouds, target: str, source_cloud: str) -> Connection:
@@ -391,7 +392,7 @@ def _own_properties(properties: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _compare(source: Mapping[str, Any], copy: Any) -> str | None:
+def _compare(source: Mapping[str, Any], copy: Image) -> str | None:
     """What differs between the source's facts and the active copy (None: they match)."""
     if source.get("size") is not None and copy.size != source["size"]:
         return f"size {copy.size} != {source['size']}"

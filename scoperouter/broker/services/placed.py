@@ -11,7 +11,7 @@ after a crash never places the instance anew.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,6 +28,9 @@ from scoperouter.broker.contract import (
     Service,
 )
 from scoperouter.broker.openstack_helpers import error_text, space_project
+
+if TYPE_CHECKING:
+    from openstack.connection import Connection
 
 WHERE_PARAMETER = "where"
 RETRY_SECONDS = 15.0  # no cloud could be asked: ask again this much later
@@ -182,7 +185,7 @@ def in_default_cloud(settings: Mapping[str, Any], clouds: tuple[str, ...]) -> Pl
     return PlacementSpec(default={"cloud": default} if default else None)
 
 
-def connect(op: OperationContext, target: Mapping[str, Any]) -> Any:
+def connect(op: OperationContext, target: Mapping[str, Any]) -> Connection:
     """A connection where the instance lives: its cloud's router, its project, its scope."""
     return op.clouds.connect(
         str(target["cloud"]), project_id=target.get("project_id"), scope=target.get("scope")

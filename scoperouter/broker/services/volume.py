@@ -54,6 +54,7 @@ from scoperouter.broker.contract import (
     stable_id,
 )
 from scoperouter.broker.offerings import catalog_plans
+from scoperouter.broker.openstack_helpers import cinder
 from scoperouter.broker.services import placed
 
 if TYPE_CHECKING:
@@ -198,7 +199,7 @@ class VolumeService(placed.PlacedService):
         target = placed.choose(op, self.placement, "space")
         if isinstance(target, Failed | Pending):
             return target
-        block = placed.connect(op, target).block_storage
+        block = cinder(placed.connect(op, target))
         where = placed.describe(target)
         volume = self._find(op, block)
         if volume is None:
@@ -230,7 +231,7 @@ class VolumeService(placed.PlacedService):
         target = placed.recorded(op)
         if target is None:
             return Failed("the instance has no volume (it was not provisioned)")
-        block = placed.connect(op, target).block_storage
+        block = cinder(placed.connect(op, target))
         volume = self._find(op, block)
         if volume is None:
             return Failed(f"volume {volume_name(op.instance.id)} is gone from {target['cloud']}")
@@ -255,7 +256,7 @@ class VolumeService(placed.PlacedService):
         if target is None:
             return Done("nothing was built")
         conn = placed.connect(op, target)
-        volume = self._find(op, conn.block_storage)
+        volume = self._find(op, cinder(conn))
         where = placed.describe(target)
         if volume is None:
             revoked = credentials.revoke_instance(op)
@@ -268,7 +269,7 @@ class VolumeService(placed.PlacedService):
             return Pending(f"detaching volume {volume.id} from {', '.join(attached)}", POLL_SECONDS)
         if volume.status not in ("deleting", "detaching"):
             try:
-                conn.block_storage.delete_volume(volume, ignore_missing=True)
+                cinder(conn).delete_volume(volume, ignore_missing=True)
             except exceptions.BadRequestException as exc:  # e.g. still detaching
                 op.log.info("volume %s not deleted yet: %s", volume.id, exc)
         return Pending(f"deleting volume {volume.id} in {where}", POLL_SECONDS)

@@ -142,14 +142,14 @@ _PEM = re.compile(
 class Scrubber:
     """Replaces secrets in text meant for logs and descriptions."""
 
-    def __init__(self, secrets: Iterable[Any] = ()) -> None:
+    def __init__(self, secrets: Iterable[object] = ()) -> None:
         values: set[str] = set()
         for value in secrets:
             values.update(_leaves(value))
         # longest first, so a secret containing another is replaced whole
         self._values = sorted((v for v in values if len(v) >= MIN_SECRET), key=len, reverse=True)
 
-    def add(self, *secrets: Any) -> None:
+    def add(self, *secrets: object) -> None:
         values = set(self._values)
         for value in secrets:
             values.update(v for v in _leaves(value) if len(v) >= MIN_SECRET)
@@ -163,7 +163,7 @@ class Scrubber:
         return _KEYED_SECRET.sub(lambda m: m.group(1) + HIDDEN, text)
 
 
-def _leaves(value: Any) -> Iterator[str]:
+def _leaves(value: object) -> Iterator[str]:
     """Every string (and number as text) inside a JSON-like value."""
     if isinstance(value, str):
         yield value

@@ -68,7 +68,7 @@ class Sandbox:
     writable: tuple[str, ...] = ()
 
 
-def run_as(setting: Any, where: str) -> RunAs | None:
+def run_as(setting: object, where: str) -> RunAs | None:
     """The ``run_as`` setting checked against who the broker is."""
     me = os.geteuid()
     if setting in (None, ""):
@@ -76,7 +76,8 @@ def run_as(setting: Any, where: str) -> RunAs | None:
             return None  # the broker's own user
         setting = DEFAULT_RUN_AS
     try:
-        entry = pwd.getpwuid(int(setting)) if str(setting).isdigit() else pwd.getpwnam(str(setting))
+        name = str(setting)
+        entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
     except (KeyError, ValueError):
         raise BrokerConfigError(
             f"{where}.run_as: no user {str(setting)[:64]!r} on this host (create it, or name "
@@ -141,15 +142,16 @@ def _probe(bwrap: str) -> str | None:
     return None
 
 
-def _paths(value: Any, where: str) -> tuple[str, ...]:
+def _paths(value: object, where: str) -> tuple[str, ...]:
     if value in (None, ""):
         return ()
     if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
         raise BrokerConfigError(f"{where}: a list of absolute paths")
-    for path in value:
+    paths = tuple(str(v) for v in value)
+    for path in paths:
         if not os.path.isabs(path):
             raise BrokerConfigError(f"{where}: {path[:200]!r} is not an absolute path")
-    return tuple(value)
+    return paths
 
 
 def python_paths() -> list[str]:

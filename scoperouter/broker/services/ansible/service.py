@@ -202,7 +202,9 @@ class AnsibleService(placed.PlacedService):
 
     # ------------------------------------------------------------------------ helpers
 
-    def _policy(self, op: OperationContext, target: Mapping[str, Any]) -> Any:
+    def _policy(
+        self, op: OperationContext, target: Mapping[str, Any]
+    ) -> credentials.CredentialPolicy:
         """The pack's credential policy, its access rules filled in with the instance's
         metadata (``{project_id}``, ``{container}``...)."""
         if not self.policy.access_rules:
