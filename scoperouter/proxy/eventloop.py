@@ -1,12 +1,12 @@
 """The event loop of a router worker: uvloop (``settings.event_loop``, the default) or asyncio's.
 
 uvloop (libuv's loop) runs the same asyncio code with less CPU per request. It is one of the
-``router`` extra's requirements, but a router runs without it: the supervisor :func:`choose`\\ s
-the loop once, saying why in one warning when uvloop cannot be had, and passes the choice to
-its workers, which :func:`run` on it and name the loop they run in their start-up line
-(:func:`running`). The supervisor itself stays on asyncio's loop (child processes and signals,
-no request goes through it). uvloop is imported only here, only when chosen: a router without
-it imports every module it needs.
+``router`` extra's requirements, but a router runs without it: the supervisor picks the loop
+once (:func:`choose`), saying why in one warning when uvloop cannot be imported, and passes
+its pick to every worker, which runs on it (:func:`run`) and names the loop it runs in its
+start-up line (:func:`running`). The supervisor itself stays on asyncio's loop (child
+processes and signals; no request goes through it). uvloop is imported here only, and only
+when it is picked: a router without it imports every module it needs.
 """
 
 from __future__ import annotations
