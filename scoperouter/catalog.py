@@ -24,6 +24,8 @@ from urllib.parse import urlsplit
 from scoperouter.errors import ConfigError
 
 INTERFACES = ("public", "internal", "admin")
+EventLoop = Literal["uvloop", "asyncio"]
+EVENT_LOOPS: tuple[EventLoop, ...] = ("uvloop", "asyncio")
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -290,6 +292,11 @@ class Settings:
     """The router-to-router links."""
     combine: Combine = field(default_factory=Combine)
     """What one request combining clouds may cost."""
+    event_loop: EventLoop = "uvloop"
+    """The event loop of the router's worker processes: ``uvloop`` (libuv's, the ``router``
+    extra's: less CPU per request) or ``asyncio`` (Python's own). A router without uvloop
+    installed runs on asyncio's, saying why in one warning. Chosen when the router starts (a
+    reload that changes it applies at the next restart)."""
 
     def __post_init__(self) -> None:
         # routing.decide lets a request without X-Scope-Hops (0 hops) through unchecked.

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from scoperouter.catalog import (
+    EVENT_LOOPS,
     INTERFACES,
     URL,
     Breaker,
@@ -190,6 +191,10 @@ class _Loader:
         ca_bundle = doc.get("ca_bundle")
         if ca_bundle is not None:
             ca_bundle = self._file(ca_bundle, f"{where}.ca_bundle")
+        event_loop = doc.get("event_loop", defaults.event_loop)
+        if event_loop not in EVENT_LOOPS:
+            choices = " or ".join(EVENT_LOOPS)
+            raise ConfigError(f"{where}.event_loop", f"must be {choices}, not {event_loop!r}")
         return Settings(
             hop_limit=hop_limit,
             ca_bundle=ca_bundle,
@@ -198,6 +203,7 @@ class _Loader:
             breaker=self.breaker(doc.get("breaker") or {}, f"{where}.breaker"),
             peers=self.peers(doc.get("peers") or {}, f"{where}.peers"),
             combine=self.combine(doc.get("combine") or {}, f"{where}.combine"),
+            event_loop=event_loop,
             **timeouts,
         )
 

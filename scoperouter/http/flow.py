@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import cast
 
 READ_SIZE = 256 * 1024  # at most this much is read from a socket at once (asyncio's own size)
 READ_BUFFER = memoryview(bytearray(READ_SIZE))
@@ -19,6 +20,16 @@ at once: a read is consumed before the next one starts (one thread; llhttp's cal
 what they keep). asyncio's plain protocols get a new 256 KiB ``bytes`` per read, shrunk to
 what came: an allocation per read, and memory the allocator kept as it fragmented (a worker
 grew ~1 MB a minute under a steady load in bench.soak)."""
+
+
+def stream_transport(transport: asyncio.BaseTransport) -> asyncio.Transport:
+    """The transport ``connection_made`` gives a stream protocol, typed as such. Not checked
+    with ``isinstance``: uvloop's transports have asyncio's interface without deriving from
+    its classes. An ``assert isinstance(transport, asyncio.Transport)`` failed in every
+    ``connection_made`` on uvloop, so no connection was served: its request was never read
+    and the client's connection was reset (seen in test_combined; a router run with
+    ``python -O``, whose asserts are stripped, worked)."""
+    return cast(asyncio.Transport, transport)
 
 
 class FlowControl:

@@ -51,7 +51,7 @@ import httptools
 from scoperouter.catalog import Limits
 from scoperouter.errors import ClientGone
 from scoperouter.http import heads
-from scoperouter.http.flow import READ_BUFFER, FlowControl
+from scoperouter.http.flow import READ_BUFFER, FlowControl, stream_transport
 from scoperouter.http.request import Body, BodyError, Refusal, Request
 from scoperouter.http.wire import ALLOW_FIELD, Fields, error_response
 from scoperouter.semantics import header_map
@@ -149,8 +149,7 @@ class ClientConnection(asyncio.BufferedProtocol):
     # -- asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport = stream_transport(transport)
         self.flow = FlowControl(transport)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else None

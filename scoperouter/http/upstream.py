@@ -21,7 +21,7 @@ from typing import Literal, NamedTuple, Protocol
 
 import httptools
 
-from scoperouter.http.flow import READ_BUFFER, FlowControl
+from scoperouter.http.flow import READ_BUFFER, FlowControl, stream_transport
 from scoperouter.http.wire import Fields, chunk
 
 HIGH_WATER = 256 * 1024  # answer bytes kept before reading from the upstream pauses
@@ -99,8 +99,7 @@ class UpstreamConnection(asyncio.BufferedProtocol):
     # -- asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport = stream_transport(transport)
         self.flow = FlowControl(transport)
         self.open = True
 

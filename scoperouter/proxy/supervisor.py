@@ -14,7 +14,9 @@ starts ``--workers`` worker processes (:mod:`scoperouter.proxy.worker`) that acc
   drain time) and exit; the supervisor exits 0 when they all did;
 * serves ``/metrics`` (Prometheus text format, every worker's metrics added up) and
   ``/healthz`` (JSON; 200 while at least one worker serves, else 503) on the cloud's
-  ``metrics.listen`` address, a separate (loopback by default) port.
+  ``metrics.listen`` address, a separate (loopback by default) port;
+* chooses the workers' event loop once (``settings.event_loop``:
+  :func:`~scoperouter.proxy.eventloop.choose`); it runs on asyncio's own.
 
 A worker learns that the supervisor is gone from its control socket (end of file) and stops.
 """
@@ -45,6 +47,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from scoperouter.catalog import Catalog
 from scoperouter.config import parse_catalog, read_config
 from scoperouter.errors import ConfigError
+from scoperouter.proxy import eventloop
 from scoperouter.proxy.forward.intercept import signing_ca
 from scoperouter.router.listeners import listener_signature, listeners_for
 
@@ -162,6 +165,10 @@ class Supervisor:
         except ConfigError:
             shutil.rmtree(self._workdir, ignore_errors=True)
             raise
+        # The workers' loop, for the router's lifetime (a worker started again gets the same).
+        self.event_loop, why = eventloop.choose(self.catalog.settings.event_loop)
+        if why is not None:
+            logger.warning("%s", why)
 
     def _check(self) -> Catalog:
         """Read and validate the config file; the checked text becomes the workers' copy."""
@@ -274,6 +281,8 @@ class Supervisor:
             self.options.log_format,
             "--worker",
             str(slot.index),
+            "--event-loop",
+            self.event_loop,
         ]
         for (host, port), fd in fds.items():
             argv += ["--listen-fd", f"{host}:{port}={fd}"]
@@ -376,6 +385,13 @@ class Supervisor:
             logger.error("reload refused, keeping the current config: %s", exc)
             return
         self._commit(text)
+        if catalog.settings.event_loop != self.catalog.settings.event_loop:
+            logger.warning(
+                "settings.event_loop is now %s: the workers keep theirs (%s) until the router "
+                "restarts",
+                catalog.settings.event_loop,
+                self.event_loop,
+            )
         self.catalog = catalog
         for slot in self.slots:
             if slot.proc is not None and slot.proc.returncode is None:
@@ -452,6 +468,7 @@ class Supervisor:
         body = {
             "status": status,
             "cloud": self.options.cloud,
+            "event_loop": self.event_loop,
             "workers": workers,
             "upstreams_down": self._upstreams_down(),
         }

@@ -1,7 +1,7 @@
 """One router worker process: the router's parts, its HTTP server, its forward proxy, signals.
 
     python -m scoperouter.proxy.worker --config F --cloud C --control-fd N \\
-        --listen-fd HOST:PORT=FD ... [--drain S] [--worker I]
+        --listen-fd HOST:PORT=FD ... [--drain S] [--worker I] [--event-loop uvloop|asyncio]
 
 Started by the supervisor (:mod:`scoperouter.proxy.supervisor`), not by hand: the listening
 sockets and the control socket are inherited file descriptors. The worker writes ``ready`` on
@@ -15,7 +15,8 @@ proxy, mitmproxy for it (:mod:`scoperouter.proxy.forward`, imported only then: a
 without a forward proxy never imports mitmproxy). One sweep every :data:`TICK` checks every
 deadline. SIGHUP reloads the config in place (no connection is dropped); SIGTERM or SIGINT
 drain: stop accepting, close idle connections, let requests in flight finish for up to the
-drain time, then exit 0.
+drain time, then exit 0. It runs on the event loop its supervisor chose
+(:mod:`scoperouter.proxy.eventloop`: uvloop unless ``settings.event_loop`` says asyncio).
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from scoperouter.catalog import Catalog
+from scoperouter.catalog import EVENT_LOOPS, Catalog, EventLoop
 from scoperouter.errors import ConfigError
 from scoperouter.http.pool import Pool
+from scoperouter.proxy import eventloop
 from scoperouter.proxy.reverse import ReverseServer, configure_pool, transmit
 from scoperouter.router import logs, metrics
 from scoperouter.router.accesslog import AccessLog
@@ -162,10 +164,11 @@ class Worker:
                 return 1
             watcher = asyncio.create_task(self._watch_supervisor(reader))
         logger.info(
-            "router of %s listening on %s (%s)",
+            "router of %s listening on %s (%s); event loop: %s",
             cloud,
             ", ".join(item.address for item in self.config.listeners),
             self.config.current().describe(),
+            eventloop.running(),
         )
         try:
             await self._stop.wait()
@@ -238,9 +241,11 @@ def run_worker(
     drain: float,
     source: str | None = None,
     base_dir: Path | None = None,
+    loop: EventLoop = "uvloop",
 ) -> int:
-    """Run one worker until it is told to stop; the process exit code. `config_path` may be a
-    copy of the config (`source` names the original, `base_dir` is its directory)."""
+    """Run one worker on an event loop of the kind `loop` until it is told to stop; the process
+    exit code. `config_path` may be a copy of the config (`source` names the original,
+    `base_dir` is its directory)."""
     with tempfile.TemporaryDirectory(prefix="scoperouter-") as workdir:
 
         async def main() -> int:
@@ -255,7 +260,7 @@ def run_worker(
             return await worker.run(control, drain)
 
         try:
-            return asyncio.run(main())
+            return eventloop.run(main(), loop)
         except KeyboardInterrupt:
             return 0
 
@@ -270,6 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--listen-fd", action="append", default=[], metavar="HOST:PORT=FD")
     parser.add_argument("--drain", type=float, default=10.0)
     parser.add_argument("--worker", type=int, default=0)
+    parser.add_argument("--event-loop", choices=EVENT_LOOPS, default="uvloop")
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--log-format", choices=["json", "text"], default="json")
     args = parser.parse_args(argv)
@@ -282,7 +288,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     control = socket.socket(fileno=args.control_fd) if args.control_fd is not None else None
     base_dir = Path(args.config_dir) if args.config_dir else None
     return run_worker(
-        args.config, args.cloud, sockets, control, args.drain, args.config_source, base_dir
+        args.config,
+        args.cloud,
+        sockets,
+        control,
+        args.drain,
+        args.config_source,
+        base_dir,
+        args.event_loop,
     )
 
 

@@ -22,7 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 # Modules only the other extras bring (setup.cfg extras_require but `router`; not required by
-# mitmproxy, keystoneauth1 or openstacksdk either): a router must start without any of them.
+# mitmproxy, keystoneauth1 or openstacksdk either), and uvloop (the `router` extra's, imported
+# only when the workers run on it: without it they run on asyncio's loop): a router must start
+# without any of them.
 EXTRAS_ONLY = (
     "httpx",
     "httpcore",
