@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from bench import broker, report, soak_traffic, soak_verdict, wan_verdict
+from bench import broker, report, soak_reloads, soak_traffic, soak_verdict, wan_verdict
 from bench import chaos_verdict as cv
 from bench.kills import DbRun, summary
 from bench.load import LoadResult
@@ -270,3 +270,70 @@ def test_broker_goal_not_computed_is_inconclusive() -> None:
     rows = _broker_rows([_load()], [_load()], connections=10, database="postgresql")
     assert rows["capacity"].ok is None and rows["p99"].ok is None
     assert "10 connections, not 100; on postgresql, not SQLite" in rows["capacity"].measured
+
+
+# --- bench.soak: a reload never stalls requests in flight (bench/soak_reloads.py) ----------
+
+
+def _reload_row(record: soak_verdict.Record) -> Target:
+    return _rows(record)[soak_reloads.NAME]
+
+
+def test_reloads_that_stall_nothing_pass() -> None:
+    record = _record()
+    row = _reload_row(record)
+    assert row.ok is True, row
+    # 2 x 201 requests within 1 s of the two SIGHUPs (of the 2 x 401 recorded within 2 s); the
+    # p99 outside the windows is the 5 ms bucket (5.2): the limit is twice it
+    assert row.measured.startswith("402 requests in the windows of 2 reloads: p99 1.5 ms")
+    assert "(limit 10.3: p99 outside 5.2), slowest 1.5 ms" in row.measured
+
+
+def test_a_stall_at_a_reload_misses() -> None:
+    # one request 150 ms late at the second reload: over the 100 ms bound
+    record = _record()
+    record.intervals[9]["around_reloads"][200][1] = 150.0
+    row = _reload_row(record)
+    assert row.ok is False and row.measured.endswith("slowest 150.0 ms"), row
+    assert exit_status(soak_verdict.verdicts(record)) == 1
+    # a 30 ms stall on 2 % of them: under 100 ms, but their p99 triples the limit
+    record = _record()
+    for k in range(196, 204):
+        record.intervals[3]["around_reloads"][k][1] = 30.0
+    row = _reload_row(record)
+    assert row.ok is False and "p99 30.0 ms (limit 10.3" in row.measured, row
+    # a request that got no answer
+    record = _record()
+    record.intervals[3]["around_reloads"][210][1] = None
+    row = _reload_row(record)
+    assert row.ok is False and "1 unanswered" in row.measured, row
+    # the same 150 ms request 1.5 s from the reload is not in its window
+    record = _record()
+    record.intervals[9]["around_reloads"][50][1] = 150.0  # due at 43.5 s, the SIGHUP at 45.01
+    assert _reload_row(record).ok is True
+
+
+def test_reloads_not_measured_are_inconclusive() -> None:
+    cases = {
+        "no reload sent": {"reload_times": []},
+        "2 reloads, no request due in their windows": {
+            "reload_times": [(15.0, 15.02), (45.0, 45.01)],
+            "intervals": [{**i, "around_reloads": []} for i in _record().intervals],
+        },
+        "1 of 2 reloads sent more than 1 s off their planned time (first at 46.2 s)": {
+            "reload_times": [(15.0, 15.02), (45.0, 46.2)]
+        },
+    }
+    for reason, changes in cases.items():
+        record = _record(**changes)
+        row = _reload_row(record)
+        assert row.ok is None and row.measured.startswith(reason), (reason, row)
+        assert exit_status(soak_verdict.verdicts(record)) == 1
+        assert f"INCONCLUSIVE: {soak_reloads.NAME}: {reason}" in "\n".join(
+            not_passed(soak_verdict.verdicts(record))
+        )
+    # every interval touches a window: no p99 to compare with
+    row = soak_reloads.verdict(
+        [{"index": 0, "hist": {10: 5}, "around_reloads": [[1.0, 1.0]]}], 5.0, [(1.0, 1.0)]
+    )
+    assert row.ok is None and row.measured == "no request answered outside the reloads' windows"
