@@ -290,7 +290,9 @@ def goal_targets(
     err = Target(
         f"{route}: errors",
         "0",
-        f"{errors} in {len(runs)} run(s)" if runs else "no run",
+        f"{errors} in {len(capacity)} closed-loop + {len(offered)} offered run(s)"
+        if runs
+        else "no run",
         errors == 0 if runs else None,
     )
     return [cap, lat, err]
