@@ -7,10 +7,14 @@ Each test plants one such case in what a run recorded and checks the exit status
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
-from bench import broker, report, soak_reloads, soak_traffic, soak_verdict, wan_verdict
+import pytest
+
+from bench import broker, report, soak_reloads, soak_traffic, soak_verdict, wan, wan_verdict
 from bench import chaos_verdict as cv
 from bench.kills import DbRun, summary
 from bench.load import LoadResult
@@ -337,3 +341,29 @@ def test_reloads_not_measured_are_inconclusive() -> None:
         [{"index": 0, "hist": {10: 5}, "around_reloads": [[1.0, 1.0]]}], 5.0, [(1.0, 1.0)]
     )
     assert row.ok is None and row.measured == "no request answered outside the reloads' windows"
+
+
+def test_wan_prints_the_targets_and_exits_1_unless_all_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bench.wan's end (after its runs): the targets table, the reasons, the exit status, and
+    the verdicts in --json; --repeat at least 1."""
+    args = wan.parse_args(["--json", str(tmp_path / "wan.json")])
+    assert args.repeat == 1
+    assert wan.judge(args, [_wan_run()]) == 0
+    out = capsys.readouterr().out
+    assert "Targets (1 run):" in out and "20 clients against the floor" in out
+    assert [v["result"] for v in json.loads((tmp_path / "wan.json").read_text())["verdicts"]] == [
+        "PASS"
+    ] * 4
+    args = wan.parse_args(["--repeat", "2", "--json", str(tmp_path / "wan.json")])
+    assert wan.judge(args, [_wan_run(), _wan_run(handshakes_20=0.2)]) == 1
+    out = capsys.readouterr().out
+    assert "MISS: WAN handshakes per request, steady state: 0 at 1 / 0 at 20, " in out
+    data = json.loads((tmp_path / "wan.json").read_text())
+    assert len(data["runs"]) == 2 and data["verdicts"][3]["result"] == "MISS"
+    one_client = {"points": [p for p in _wan_run()["points"] if p["concurrency"] == 1]}
+    assert wan.judge(wan.parse_args(["--concurrency", "1"]), [one_client]) == 1
+    assert "INCONCLUSIVE: 20 clients against the floor: not measured" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        wan.parse_args(["--repeat", "0"])

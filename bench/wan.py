@@ -1,4 +1,4 @@
-"""``python -m bench.wan``: two clouds 50 ms apart, routers against a direct connection, one run.
+"""``python -m bench.wan``: two clouds 50 ms apart, routers against a direct connection, judged.
 
 Run by hand, as root (network namespaces, TUN devices), from the repository root with the dev
 venv::
@@ -898,6 +898,11 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         results.append(result)
         print(render(result))
+    return judge(args, results)
+
+
+def judge(args: argparse.Namespace, results: list[dict[str, Any]]) -> int:
+    """Print the targets over `results` (and write --json): 0 only when every row is PASS."""
     rows = wan_verdict.targets(results, args.delay_ms, args.warmup)
     print(f"\nTargets ({len(results)} run{'' if len(results) == 1 else 's'}):")
     print(targets_table(rows))
