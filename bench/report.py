@@ -68,6 +68,14 @@ class Target:
         return [self.name, self.goal, self.measured, mark(self.ok)]
 
 
+def as_dicts(targets: list[Target]) -> list[dict[str, str]]:
+    """The rows for a bench's ``--json`` output: name, goal, measured, result."""
+    return [
+        {"name": t.name, "goal": t.goal, "measured": t.measured, "result": mark(t.ok)}
+        for t in targets
+    ]
+
+
 def targets_table(targets: list[Target]) -> str:
     return table(
         ["target", "goal", "measured", "result"],

@@ -33,7 +33,7 @@ from typing import Any
 
 import psutil
 
-from bench import soak_verdict, transfer
+from bench import soak_reloads, soak_verdict, transfer
 from bench.machine import machine_context
 from bench.options import apply_preset
 from bench.options import parse_args as bench_args
@@ -312,6 +312,8 @@ class Soak:
                 "deadline": self.args.deadline,
                 "late_ms": self.args.late_ms,
                 "seed": self.args.seed + k,
+                "reloads_at": self.reloads,  # each request near one is recorded on its own
+                "reload_margin": soak_reloads.MARGIN_S,
                 "kinds": self.args.kinds,
                 "addresses": bench.addresses(),
             }
@@ -352,7 +354,8 @@ class Soak:
         for reader in self.logs.values():
             reader.read()
 
-    def reload(self) -> None:
+    def reload(self, planned: float) -> None:
+        self.record.reload_times.append((planned, round(self.now(), 3)))
         for name, proc in self.bench.routers.items():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGHUP)
@@ -436,7 +439,7 @@ class Soak:
             if what == "sample":
                 self.take_sample()
             elif what == "reload":
-                self.reload()
+                self.reload(at)
             elif what == "transfer":
                 self.start_transfer()
             else:
@@ -497,6 +500,7 @@ def as_json(soak: Soak, rows: list[Any], context: dict[str, Any], elapsed: float
         "samples": record.samples,
         "logs": {name: f.as_dict() for name, f in record.logs.items()},
         "reloads_sent": record.reloads_sent,
+        "reload_times": record.reload_times,
         "metrics": record.metrics,
         "transfers": record.transfers,
         "elapsed_s": round(elapsed, 1),

@@ -21,7 +21,10 @@ OpenStack JSON (:func:`error_problem`).
 **What it writes**: one JSON line per interval of ``interval`` seconds (by the time requests
 were due), once every request of the interval has ended: requests due and sent, answered as
 they must be, a latency histogram (:func:`bucket`; mergeable across processes and intervals),
-how many were sent late, problems by category with the first examples.
+how many were sent late, problems by category with the first examples; and each request due
+within ``reload_margin`` seconds of a reload (``reloads_at``, seconds from the start) on its own,
+``[due_s, ms]`` (``ms`` null when it got no answer) in ``around_reloads``
+(:mod:`bench.soak_reloads` judges them).
 """
 
 from __future__ import annotations
@@ -267,6 +270,7 @@ class Interval:
     modes: Counter[str] = field(default_factory=Counter)
     new_connections: int = 0
     examples: list[str] = field(default_factory=list)
+    around_reloads: list[list[float | None]] = field(default_factory=list)  # [due_s, ms]
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -281,6 +285,7 @@ class Interval:
             "modes": dict(self.modes),
             "new_connections": self.new_connections,
             "examples": self.examples,
+            "around_reloads": self.around_reloads,
         }
 
 
@@ -396,6 +401,8 @@ class Generator:
         self.deadline = float(spec.get("deadline", 10.0))
         self.late_s = float(spec.get("late_ms", 100.0)) / 1000
         self.seed = int(spec.get("seed", 0))
+        self.reloads = [float(t) for t in spec.get("reloads_at", [])]
+        self.reload_margin = float(spec.get("reload_margin", 2.0))
         names = spec.get("kinds") or [k.name for k in MIX]
         self.mix = tuple(k for k in MIX if k.name in names)  # a part of it: to bisect a finding
         wall_start = float(spec["start_at"])
@@ -431,13 +438,20 @@ class Generator:
     # -- one request
 
     async def _one(self, target: Target, mode: str, due: float, slot: Interval) -> None:
+        at = due - self.start  # recorded on its own when a reload is near
+        near = any(abs(at - t) <= self.reload_margin for t in self.reloads)
         try:
-            await self._exchange(target, mode, due, slot)
+            ms = await self._exchange(target, mode, due, slot)
+            if near:
+                slot.around_reloads.append([round(at, 3), None if ms is None else round(ms, 2)])
         finally:
             slot.pending -= 1
             self._flush()
 
-    async def _exchange(self, target: Target, mode: str, due: float, slot: Interval) -> None:
+    async def _exchange(
+        self, target: Target, mode: str, due: float, slot: Interval
+    ) -> float | None:
+        """Send one request; its latency (ms), or None when it got no answer."""
         started = time.monotonic()
         late = started - due
         if late > self.late_s:
@@ -458,13 +472,14 @@ class Generator:
             self._problem(slot, HANG, f"{what}: no answer in {self.deadline:g} s")
             if conn is not None:
                 conn.close()
-            return
+            return None
         except (OSError, ConnectionFailed) as exc:
             self._problem(slot, UNANSWERED, f"{what}: {exc}")
             if conn is not None:
                 conn.close()
-            return
-        slot.hist[bucket((time.monotonic() - started) * 1000)] += 1
+            return None
+        ms = (time.monotonic() - started) * 1000
+        slot.hist[bucket(ms)] += 1
         wrong = check(target.kind, status, ctype, body)
         if wrong is None:
             slot.ok += 1
@@ -475,6 +490,7 @@ class Generator:
             self.pool.setdefault(target.address, []).append(conn)
         else:
             conn.close()
+        return ms
 
     @staticmethod
     def _problem(slot: Interval, category: str, detail: str) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench import soak_reloads
 from bench.report import Target, fmt, table, targets_table
 from bench.soak_traffic import CATEGORIES, HANG, NON_JSON, UNANSWERED, WRONG, merge, percentile
 
@@ -74,6 +75,7 @@ def merge_intervals(lines: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "modes": Counter(),
                 "new_connections": 0,
                 "examples": [],
+                "around_reloads": [],
             },
         )
         for key in ("due", "ok", "late", "new_connections"):
@@ -83,6 +85,7 @@ def merge_intervals(lines: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         for key in ("problems", "kinds", "modes"):
             into[key].update(line.get(key, {}))
         into["examples"] = (into["examples"] + list(line.get("examples", [])))[:EXAMPLES]
+        into["around_reloads"] += line.get("around_reloads", [])
     return [out[i] for i in sorted(out)]
 
 
@@ -161,6 +164,7 @@ class Record:
     samples: list[dict[str, Any]] = field(default_factory=list)
     logs: dict[str, LogFindings] = field(default_factory=dict)
     reloads_sent: dict[str, int] = field(default_factory=dict)  # SIGHUPs, per router
+    reload_times: list[tuple[float, float]] = field(default_factory=list)  # (planned, sent) s
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # per router, at the end
     transfers: list[dict[str, Any]] = field(default_factory=list)
     transfers_planned: int = 0
@@ -394,6 +398,7 @@ def verdicts(record: Record) -> list[Target]:
         )
     )
     rows.append(p99_stable(record))
+    rows.append(soak_reloads.verdict(record.intervals, record.interval, record.reload_times))
     rows.append(_generator(record, got))
     return rows
 

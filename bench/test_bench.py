@@ -649,6 +649,10 @@ def _record(**changes: Any) -> soak_verdict.Record:
         record.samples.append({"t": t, "procs": procs})
     record.logs = {"CloudOne": soak_verdict.LogFindings(lines=3)}
     record.reloads_sent = {"CloudOne": 2}
+    record.reload_times = [(15.0, 15.02), (45.0, 45.01)]  # (planned, sent)
+    # the requests due within 2 s of each, recorded one by one: 1.5 ms each
+    record.intervals[3]["around_reloads"] = [[13.0 + i / 100, 1.5] for i in range(401)]
+    record.intervals[9]["around_reloads"] = [[43.0 + i / 100, 1.5] for i in range(401)]
     record.metrics = {
         "CloudOne": {"reloads_ok": 4.0, "reloads_refused": 0.0, "worker_restarts": 0.0}
     }
@@ -671,7 +675,7 @@ def test_soak_verdicts_on_a_clean_run_pass() -> None:
     record = _record()
     results = _results(record)
     assert set(results.values()) == {"PASS"}, results
-    assert len(results) == 9
+    assert len(results) == 10
     text = soak_verdict.render(record, soak_verdict.verdicts(record))
     assert "6,000 requests, 6,000 ok; 0 hangs, 0 unanswered, 0 wrong" in text
     assert "MISS" not in text and "fell behind" not in text
@@ -803,6 +807,8 @@ def test_soak_generator_against_a_backend(tmp_path: Path, procs: Processes) -> N
         "interval": 0.5,
         "deadline": 5,
         "addresses": {"CloudOne": services, "CloudTwo": services},
+        "reloads_at": [0.5],  # the requests due within 0.21 s of it: recorded one by one
+        "reload_margin": 0.21,
     }
     out = tmp_path / "out.jsonl"
     asyncio.run(soak_traffic.Generator(spec, out).run())
@@ -817,6 +823,9 @@ def test_soak_generator_against_a_backend(tmp_path: Path, procs: Processes) -> N
     assert sum(i["ok"] for i in intervals) + problems[soak_traffic.WRONG] == 60
     assert sum(sum(i["hist"].values()) for i in intervals) == 60
     assert 0 < sum(i["new_connections"] for i in intervals) < 60  # keep-alive reused
+    around = [r for i in intervals for r in i["around_reloads"]]
+    assert 24 <= len(around) <= 26, around  # due at 18/60 .. 42/60 s
+    assert all(abs(at - 0.5) <= 0.21 and ms is not None and ms > 0 for at, ms in around)
 
 
 def test_transfer_checked_end_to_end(procs: Processes) -> None:

@@ -1,4 +1,4 @@
-"""``python -m bench.wan``: two clouds 50 ms apart, routers against a direct connection, one run.
+"""``python -m bench.wan``: two clouds 50 ms apart, routers against a direct connection, judged.
 
 Run by hand, as root (network namespaces, TUN devices), from the repository root with the dev
 venv::
@@ -42,6 +42,13 @@ CloudOne, at each ``--concurrency`` after a warm-up; a merged answer is checked 
 images, in order) before and after the load. Under the table: the issue-21 target (p50 <= 60
 ms at 10 clouds, 25 ms each way) as PASS/MISS (:mod:`bench.wan_clouds`).
 
+**The targets** (:mod:`bench.wan_verdict`), printed under the table as PASS, MISS or
+INCONCLUSIVE, over every run of ``--repeat N``: p50 <= 55 ms at 1 and at 20 clients through the
+routers (TLS between them, a new client connection per request), 20 clients <= 1.05x the run's
+one-round-trip floor, 0 WAN handshakes per request after the warm-up (and the merged list's with
+``--clouds``). Only all-PASS exits 0; a target the run did not measure (``--concurrency 1``
+alone, ``--between plain``, another ``--delay-ms``) is INCONCLUSIVE and exits 1.
+
 Everything the bench starts is stopped by PID at the end, on an error and on Ctrl-C; the
 namespaces are deleted, and the TUN devices vanish with the forwarder.
 """
@@ -70,8 +77,9 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from bench import wan_clouds
+from bench import wan_clouds, wan_verdict
 from bench.procs import BenchError, Proc, Processes
+from bench.report import as_dicts, exit_status, not_passed, targets_table
 from bench.wan_clouds import A_ADDR, B_ADDR, PORTS, ROUTER_A
 
 BACKEND_B = wan_clouds.backend_host(1)  # CloudTwo's backend, inside B
@@ -832,6 +840,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="requests sent through the routers before each of their points, not measured "
         "(10 rounds of the point's clients, at least 60)",
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="whole runs (1); each target must hold in every one ('5 runs of 5': 5)",
+    )
     parser.add_argument("--json", type=Path, help="also write every figure here")
     parser.add_argument(
         "--keep", action="store_true", help="keep the work dir (configs, logs), even on success"
@@ -844,6 +858,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(str(exc))
     if args.between is None:
         args.between = [True] if args.clouds is not None else [False, True]
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, not {args.repeat}")
     return args
 
 
@@ -872,14 +888,42 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0 or not Path("/dev/net/tun").exists() or not shutil.which("ip"):
         print("bench.wan needs root, /dev/net/tun and iproute2 (ip)", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    results = []
+    for run in range(args.repeat):
+        if args.repeat > 1:
+            say(f"run {run + 1} of {args.repeat}")
+        result = _one_run(args)
+        if result is None:
+            return 1
+        results.append(result)
+        print(render(result))
+    return judge(args, results)
+
+
+def judge(args: argparse.Namespace, results: list[dict[str, Any]]) -> int:
+    """Print the targets over `results` (and write --json): 0 only when every row is PASS."""
+    rows = wan_verdict.targets(results, args.delay_ms, args.warmup)
+    print(f"\nTargets ({len(results)} run{'' if len(results) == 1 else 's'}):")
+    print(targets_table(rows))
+    for line in not_passed(rows):
+        print(line)
+    if args.json:
+        data = results[0] if len(results) == 1 else {"runs": results}
+        data["verdicts"] = as_dicts(rows)
+        args.json.write_text(json.dumps(data, indent=1))
+    return exit_status(rows)
+
+
+def _one_run(args: argparse.Namespace) -> dict[str, Any] | None:
+    """One run of the bench (its own namespaces, link and processes), or None when it failed."""
     workdir = Path(tempfile.mkdtemp(prefix="scoperouter-wan-"))
     wan = Wan(args, workdir)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         result = wan.run()
     except BenchError as exc:
         print(f"bench.wan: {exc}", file=sys.stderr)
-        return 1
+        return None
     finally:
         wan.teardown()
         if not args.keep:  # a failed run too (its work dir was left behind)
@@ -892,10 +936,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.clouds is not None:
         result["machine"]["clouds"] = args.clouds
-    print(render(result))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
-    return 0
+    return result
 
 
 if __name__ == "__main__":
