@@ -8,6 +8,10 @@ cloud in https, the services calling each other through their router's forward p
   calls to glance arriving at CloudOne's forward proxy as ``https://`` (intercepted), routed to
   CloudTwo by the scope on the token;
 * `image show` and `image list` with ``CloudOne & CloudTwo``;
+* object storage (swift) over https: a container and an object made, read and deleted through
+  CloudOne's router in CloudOne's swift, and with ``{"object-store": "CloudTwo"}`` in
+  CloudTwo's (two routers, CloudTwo's swift validating the CloudOne token through its
+  router's forward proxy), each router's access line naming the https backend;
 * a ``CONNECT`` to a host the catalog does not publish: 403 (OpenStack error JSON), one line
   in the router's access log;
 * the upstream's certificate is verified: CloudOne's endpoint
@@ -20,8 +24,10 @@ On a plain lab these tests skip: `lab up --tls` first (.ci/run's step "e2e on a 
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
+import os
 import socket
 import ssl
 import uuid
@@ -30,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from scoperouter_lab.files import MISMATCH_SERVICE
 from scoperouter_lab.layout import PROXY_PORT, SERVICE_PORTS, service_types
 
@@ -37,6 +44,7 @@ from scoperouter import pki
 from scoperouter.merge import ORIGIN_KEY
 from tests.ci import missing
 from tests.e2e.access import access_lines
+from tests.e2e.labservices import require_service, scoped_token, wait_until
 from tests.e2e.osc import cli
 from tests.integration.backends import EchoBackend
 from tests.integration.routers import raw_exchange
@@ -196,8 +204,17 @@ def test_server_in_cloudone_from_an_image_of_cloudtwo_over_https(lab: Any, tls: 
         fetched = _access(lab, two, since_two, path=f"/v2/images/{image}", service="image")
         assert fetched and all(e["status"] == 200 for e in fetched), fetched
         assert all(e["target"].startswith(f"https://{two.back_ip}:9292/") for e in fetched)
+        # the server is CloudOne's: listed there without any scope
+        listed = {s["ID"]: s for s in cli(lab, one.slug, "server", "list")}
+        assert listed[server["id"]]["Status"] == "ACTIVE", listed.get(server["id"])
     finally:
         cli(lab, one.slug, "server", "delete", "--wait", server["id"], json_out=False)
+    # `--wait` returns on status DELETED, a moment before nova drops the server from its list
+    wait_until(
+        f"server {server['id']} gone from {one.name}'s list",
+        lambda: server["id"] not in {s["ID"] for s in cli(lab, one.slug, "server", "list")},
+        120,
+    )
 
 
 def test_image_show_and_list_with_cloudone_and_cloudtwo(lab: Any, tls: Any) -> None:
@@ -210,6 +227,63 @@ def test_image_show_and_list_with_cloudone_and_cloudtwo(lab: Any, tls: Any) -> N
     listed = [i["ID"] for i in cli(lab, one.slug, "image", "list", scope=both)]
     assert {tiny[one.name], tiny[two.name]} <= set(listed)
     assert len(listed) == len(set(listed)), listed
+
+
+# ------------------------------------------------------------------ object storage
+
+
+def test_object_store_round_trip_over_https(lab: Any, tls: Any) -> None:
+    """A container and an object through CloudOne's https frontend: in CloudOne's swift, then
+    with ``{"object-store": "CloudTwo"}`` in CloudTwo's (CloudOne's router to CloudTwo's, whose
+    swift validates the CloudOne token through CloudTwo's forward proxy, intercepted): made,
+    listed, read back byte for byte, deleted (404 after), each request's access line on the
+    router that delivered it naming the swift proxy's https address."""
+    require_service(lab, "swift")  # `lab up --tls --services ...,swift` (.ci/run's TLS step)
+    one, two, _ = tls
+    token = lab.osc(one.slug, "token", "issue")
+    session = requests.Session()
+    session.trust_env = False  # no proxy from the environment: straight to the router
+    session.verify = str(lab.paths.ca_cert)
+    account = f"{one.frontend_url('object-store')}/v1/AUTH_{token['project_id']}"
+    assert account.startswith(f"https://{one.front_ip}:"), account
+    data = os.urandom(256 * 1024)
+    swift_port = SERVICE_PORTS["object-store"][0]
+    to_two = scoped_token(token["id"], **{"object-store": two.name})
+    for cloud, sent in ((one, token["id"]), (two, to_two)):
+        headers = {"X-Auth-Token": sent}
+        since = _size(lab, cloud)
+        container = f"{account}/e2e-tls-{uuid.uuid4().hex[:8]}"
+        obj = f"{container}/object.bin"
+        made = session.put(container, headers=headers, timeout=60)
+        assert made.status_code in (201, 202), (cloud.name, made.status_code, made.text[:500])
+        try:
+            put = session.put(obj, headers=headers, data=data, timeout=120)
+            assert put.status_code == 201, (cloud.name, put.status_code, put.text[:500])
+            assert put.headers["Etag"].strip('"') == hashlib.md5(data).hexdigest()
+            listing = session.get(container, headers=headers, params={"format": "json"},
+                                  timeout=60)  # fmt: skip
+            assert [o["name"] for o in listing.json()] == ["object.bin"], listing.text[:500]
+            got = session.get(obj, headers=headers, timeout=120)
+            assert got.status_code == 200 and got.content == data, (cloud.name, got.status_code)
+            deleted = session.delete(obj, headers=headers, timeout=60)
+            assert deleted.status_code == 204, (cloud.name, deleted.status_code)
+            assert session.get(obj, headers=headers, timeout=60).status_code == 404
+        finally:
+            session.delete(obj, headers=headers, timeout=60)
+            gone = session.delete(container, headers=headers, timeout=60)
+        assert gone.status_code == 204, (cloud.name, gone.status_code, gone.text[:500])
+        # the router of the cloud whose swift holds them delivered each request over https
+        path = obj.removeprefix(one.frontend_url("object-store"))
+        delivered = _access(lab, cloud, since, count=4, path=path, decision="local")
+        assert {(e["method"], e["status"]) for e in delivered} >= {
+            ("PUT", 201),
+            ("GET", 200),
+            ("DELETE", 204),
+            ("GET", 404),
+        }, delivered
+        assert all(
+            e["target"].startswith(f"https://{cloud.back_ip}:{swift_port}/") for e in delivered
+        )
 
 
 # ------------------------------------------------------------------ the forward proxy

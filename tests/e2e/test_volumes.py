@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -27,6 +27,16 @@ def clouds(lab, fed):
     require_service(lab, "cinder")
     one, two, tiny = fed
     return one, two, tiny
+
+
+@pytest.fixture(scope="module")
+def server_one(lab, clouds) -> Iterator[dict[str, Any]]:
+    """A server of CloudOne's user in CloudOne, from its own image, for the tests that attach
+    (or try to attach) a volume there (a boot is the slow part): deleted after them."""
+    one, _, tiny = clouds
+    server = _server(lab, one.slug, tiny[one.name])
+    yield server
+    cli(lab, one.slug, "server", "delete", "--wait", server["id"], json_out=False)
 
 
 def _volume(lab, cloud: str, volume_id: str, scope: str | None = None) -> dict[str, Any]:
@@ -58,12 +68,16 @@ def _life(
     image: str,
     scope: str | None,
     while_attached: Callable[[str, str], None] = lambda volume, server: None,
+    server: dict[str, Any] | None = None,
 ) -> None:
     """Create, attach, detach, delete; `while_attached(volume id, server id)` checks where
-    they live while the volume is attached."""
+    they live while the volume is attached. The server: `server`, else one made (and deleted)
+    here."""
     volume = cli(lab, cloud, "volume", "create", "--size", "1",
                  f"e2e-vol-{uuid.uuid4().hex[:8]}", scope=scope)  # fmt: skip
-    server = _server(lab, cloud, image, scope)
+    own = server is None
+    if server is None:
+        server = _server(lab, cloud, image, scope)
     try:
         _wait_status(lab, cloud, volume["id"], "available", scope)
         cli(lab, cloud, "server", "add", "volume", server["id"], volume["id"], scope=scope,
@@ -85,14 +99,16 @@ def _life(
 
         wait_until(f"volume {volume['id']} deleted", gone)
     finally:
-        cli(lab, cloud, "server", "delete", "--wait", server["id"], scope=scope, json_out=False)
+        if own:
+            cli(lab, cloud, "server", "delete", "--wait", server["id"], scope=scope,
+                json_out=False)  # fmt: skip
 
 
-def test_volume_created_attached_detached_deleted(lab, clouds):
+def test_volume_created_attached_detached_deleted(lab, clouds, server_one):
     """In CloudOne, through its router: the volume becomes available, attaches to a server
     (in-use, listed on the server), detaches (available, no attachment) and is deleted."""
     one, _, tiny = clouds
-    _life(lab, one.slug, tiny[one.name], scope=None)
+    _life(lab, one.slug, tiny[one.name], scope=None, server=server_one)
 
 
 def test_volumes_follow_compute_to_the_other_cloud(lab, clouds):
@@ -111,13 +127,13 @@ def test_volumes_follow_compute_to_the_other_cloud(lab, clouds):
     _life(lab, one.slug, tiny[one.name], scope, in_cloudtwo)
 
 
-def test_block_storage_named_apart_from_compute_is_refused(lab, clouds):
+def test_block_storage_named_apart_from_compute_is_refused(lab, clouds, server_one):
     """`{"block-storage": "CloudTwo"}` with compute CloudOne: attaching (and any other compute
     request) is a 400 that says why, before nova is asked anything; the volume API honours the
     scope (the volume is made in CloudTwo)."""
-    one, two, tiny = clouds
+    one, two, _ = clouds
     scope = json.dumps({"block-storage": two.name})
-    server = _server(lab, one.slug, tiny[one.name])
+    server = server_one
     volume = cli(lab, one.slug, "volume", "create", "--size", "1",
                  f"e2e-vol-{uuid.uuid4().hex[:8]}", scope=scope)  # fmt: skip
     try:
@@ -132,4 +148,3 @@ def test_block_storage_named_apart_from_compute_is_refused(lab, clouds):
         assert _volume(lab, one.slug, volume["id"], scope)["status"] == "available"
     finally:
         cli(lab, one.slug, "volume", "delete", volume["id"], scope=scope, json_out=False)
-        cli(lab, one.slug, "server", "delete", "--wait", server["id"], json_out=False)
