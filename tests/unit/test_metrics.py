@@ -4,11 +4,14 @@ directly would give. The same in real router processes: tests/integration/test_h
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, Histogram
 
+from scoperouter.proxy.worker import Worker
 from scoperouter.router import metrics
 from scoperouter.router.config import RouterConfig
 from scoperouter.router.health import UpstreamHealth
@@ -16,6 +19,7 @@ from scoperouter.router.metrics import BUCKETS, Metrics
 from scoperouter.router.state import RequestState
 from scoperouter.routing import Failover, Forward
 
+from ..integration.routers import cloud_entry, write_config
 from .conftest import SAMPLE
 
 # Durations on each side of the bounds, on them, and past the last (the +Inf bucket).
@@ -156,3 +160,26 @@ def test_a_failing_flush_never_raises_and_is_logged_once(
     with caplog.at_level(logging.ERROR, logger="scoperouter"):
         counted.flush()  # a new failure after a success is logged again
     assert len(caplog.records) == 1
+
+
+def test_a_worker_hands_its_last_counts_over_when_it_stops(tmp_path: Path) -> None:
+    """What was answered after the last tick is not lost: the worker's close flushes (a real
+    Worker of a one-cloud config, in this process; nothing listens)."""
+    config = write_config(
+        tmp_path / "f.yaml", {"CloudOne": cloud_entry("127.0.0.250", {"image": (9, "", _BACKEND)})}
+    )
+    labels = {"service": "-", "cloud": "-", "decision": "refused", "status": "400"}
+
+    async def answer_then_stop() -> tuple[float, float]:
+        worker = Worker(str(config), "CloudOne", tmp_path)
+        state = RequestState(request_id="r", headers={}, method="GET", path="/", started=0.0)
+        worker.pipeline.done(state, 400)  # after the last tick
+        tallied = _sample("scoperouter_requests_total", **labels)
+        await worker._close()
+        return tallied, _sample("scoperouter_requests_total", **labels)
+
+    before = _sample("scoperouter_requests_total", **labels)
+    assert asyncio.run(answer_then_stop()) == (before, before + 1)
+
+
+_BACKEND = "http://127.0.1.250:9"
