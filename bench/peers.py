@@ -12,11 +12,15 @@ so every path ends at that backend):
 At 1, 10, 50, 200 and 1,000 connections, in alternating rounds (each round measures every path
 at a point, then the next point; medians across rounds): req/s, p50, p99, the CPU time the proxy
 spent per request (all its processes), its RSS, and the ratios to HAProxy + Lua in the same
-round; then the issue's targets, PASS or MISS (see bench/README.md).
+round; the build measured (compiled or pure); then the targets of issues 21 and 31, PASS, MISS
+or INCONCLUSIVE (see bench/README.md): the exit status is 0 only when every one passed.
+``--svg`` draws the run (req/s and CPU per request against connections, each path); ``--plot``
+draws an earlier run from its ``--json``, without running anything.
 
     python -m bench.peers                     # ~6 minutes: 3 rounds of 5 s points
     python -m bench.peers --quick             # ~1 minute: 1 round of 2 s points
-    python -m bench.peers --haproxy-threads 2 --json peers.json
+    python -m bench.peers --haproxy-threads 2 --json peers.json --svg peers.svg
+    python -m bench.peers --plot peers.json --svg peers.svg
 """
 
 from __future__ import annotations
@@ -36,7 +40,9 @@ from typing import Any
 
 import psutil
 
-from bench import backend, floor, haproxy, report
+from bench import backend, floor, haproxy, peers_plot, report
+from bench.build import line as build_line
+from bench.build import measured_build
 from bench.floor import Path as ProxyPath
 from bench.machine import machine_context
 from bench.options import parse_args as bench_args
@@ -51,6 +57,9 @@ TARGET_RPS_RATIO = 0.75  # the router's req/s >= 0.75x HAProxy + Lua's, at every
 TARGET_P99_RATIO = 1.5  # the router's p99 <= 1.5x HAProxy's at 1,000 connections
 TARGET_FLAT_COST = 1.2  # the router's CPU per request at 1,000 connections <= 1.2x at 50
 FLAT_FROM = 50  # the concurrency the flat-cost target compares with
+# Issue 31: the router's CPU per request <= 2.0x HAProxy's, at each of these concurrencies
+TARGET_CPU_RATIO = 2.0
+CPU_AT = (10, 50, 200)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -74,6 +83,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "share from the proxy",
     )
     parser.add_argument("--json", metavar="FILE", help="also write every figure as JSON")
+    parser.add_argument(
+        "--svg",
+        metavar="FILE",
+        help="also draw the run as an SVG: req/s and CPU per request against connections",
+    )
+    parser.add_argument(
+        "--plot",
+        metavar="JSON",
+        help="run nothing: draw the run a --json FILE holds into --svg (default: JSON's name "
+        "with .svg)",
+    )
     parser.add_argument("--quiet-wait", type=float, default=10.0, metavar="S")
     parser.add_argument("--quiet-cores", type=float, default=0.2)
     parser.add_argument("--no-apt", action="store_true", help="never call apt-get")
@@ -199,6 +219,9 @@ def run(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
         "open_files_limit": list(resource.getrlimit(resource.RLIMIT_NOFILE)),
     }
     results["rss_before"] = {ROUTER: rss(router_pid), HAPROXY: rss(haproxy_pid)}
+    # the build the routers import (their interpreter, flags and environment)
+    python = [sys.executable, *bench.args.router_python_flags.split()]
+    results["build"] = measured_build(python, bench._sub_env())
     for round_ in range(1, args.rounds + 1):
         for conns in args.conns:
             # alternate the order too: a drift within a point's minute falls on each path
@@ -265,6 +288,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "cpu_us_per_req": _median([r["cpu_us_per_req"] for r in group]),
                     "instructions_per_req": _median([r["instructions_per_req"] for r in group]),
                     "rps_x_haproxy": _per_round_ratio(group, peers, "rps"),
+                    "cpu_x_haproxy": _per_round_ratio(group, peers, "cpu_us_per_req"),
                     "p99_x_haproxy": _per_round_ratio(group, peers, "p99_ms"),
                     "rss_mb": rss_rows[-1] if rss_rows else None,  # after the last round's point
                     "errors": sum(r["errors"] for r in group),
@@ -325,6 +349,15 @@ def targets(summary: list[dict[str, Any]]) -> list[report.Target]:
             flat["ratio"], flat["at_most"], flat["at_from"], "µs",
         )
     )  # fmt: skip
+    for conns in CPU_AT:  # judged whether measured or not: a point not measured is INCONCLUSIVE
+        router, peer = find(summary, ROUTER, conns), find(summary, HAPROXY, conns)
+        out.append(
+            _judged(
+                f"router CPU/request vs HAProxy's, {conns:,} conns", False, TARGET_CPU_RATIO,
+                _field(router, "cpu_x_haproxy"), _field(router, "cpu_us_per_req"),
+                _field(peer, "cpu_us_per_req"), "µs",
+            )
+        )  # fmt: skip
     return out
 
 
@@ -409,6 +442,7 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
         f"hard) {settings.get('open_files_limit')}",
         f"- HAProxy: {settings.get('haproxy')}",
         f"- router: {settings.get('router_command')}".replace("--cloud NAME", "--cloud CloudOne"),
+        f"- build measured: {build_line(results.get('build') or {})}",
         f"- GET {SMALL_PATH}, keep-alive, scoped token (image: CloudOne) on every request; "
         f"{args.duration:g} s points after {args.warmup:g} s warm-up, {args.rounds} alternating "
         "round(s), medians",
@@ -432,19 +466,39 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
                 f"({flat['at_from']:,.1f} µs)"
             )
     out += memory_lines(results, most)
-    out += ["", "### Targets (issue 21, ratios within this run)", ""]
+    out += ["", "### Targets (issues 21 and 31, ratios within this run)", ""]
+    judged = targets(summary)
     out.append(
         report.markdown_table(
-            ["target", "goal", "measured", "result"],
-            [t.row() for t in targets(summary)],
-            align="lllr",
+            ["target", "goal", "measured", "result"], [t.row() for t in judged], align="lllr"
         )
     )
+    out += ["", *report.not_passed(judged)] if report.overall(judged) is not True else []
     return "\n".join(out)
+
+
+def plot(args: argparse.Namespace) -> int:
+    """``--plot JSON``: draw an earlier run (its --json) into --svg; nothing runs."""
+    source = Path(args.plot)
+    try:
+        results = json.loads(source.read_text())
+    except (OSError, ValueError) as exc:
+        say(f"error: cannot read {source}: {exc}")
+        return 1
+    target = Path(args.svg) if args.svg else source.with_suffix(".svg")
+    try:
+        peers_plot.draw(results, target)
+    except (KeyError, TypeError, ValueError) as exc:
+        say(f"error: {source} is not a run of bench.peers (--json): {exc!r}")
+        return 1
+    say(f"drawn into {target}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.plot:
+        return plot(args)
     started = time.monotonic()
     soft, hard = raise_fd_limit(max(args.conns))
     if soft < 2 * haproxy.maxconn_for(max(args.conns)) + 1024:
@@ -479,7 +533,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str) + "\n")
         say(f"figures written to {args.json}")
-    return 0
+    if args.svg:
+        peers_plot.draw(results, Path(args.svg))
+        say(f"the run drawn into {args.svg}")
+    return report.exit_status(targets(results["summary"]))
 
 
 if __name__ == "__main__":

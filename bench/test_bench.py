@@ -27,12 +27,14 @@ import pytest
 
 from bench import (
     backend,
+    build,
     decision,
     federation,
     floor,
     haproxy,
     load,
     peers,
+    peers_plot,
     profile,
     report,
     soak,
@@ -440,6 +442,47 @@ def test_peers_ratios_are_taken_within_each_round_and_judged() -> None:
     assert judged["router p99 vs HAProxy's, 1,000 conns"].ok is True
     flat = judged["router CPU/request at 1,000 conns vs at 50"]
     assert flat.ok is True and flat.measured.startswith("1.10x")
+    # issue 31: CPU per request against HAProxy's, at 10, 50 and 200 connections
+    cpu_50 = judged["router CPU/request vs HAProxy's, 50 conns"]
+    assert cpu_50.ok is False and cpu_50.goal == "<= 2x"
+    assert cpu_50.measured == "4.55x (100.0 vs 22.0 µs)"
+    for conns in ("10", "200"):  # not measured in this run: INCONCLUSIVE, which fails a run
+        cpu = judged[f"router CPU/request vs HAProxy's, {conns} conns"]
+        assert (cpu.ok, cpu.measured, report.mark(cpu.ok)) == (None, "-", "INCONCLUSIVE")
+    assert report.exit_status(list(judged.values())) == 1
+
+
+def _cpu_rows(router_cpu: dict[int, list[float]]) -> list[dict[str, Any]]:
+    """HAProxy at 32 us/request at 10, 50 and 200 connections, the router as given per round."""
+    rows = []
+    for conns, per_round in router_cpu.items():
+        for round_, cpu in enumerate(per_round, 1):
+            for path, figure in (("HAProxy + Lua", 32.0), ("scoperouter", cpu)):
+                rows.append(
+                    {"path": path, "connections": conns, "round": round_, "rps": 10_000.0,
+                     "p50_ms": 1.0, "p99_ms": 2.0, "cpu_us_per_req": figure,
+                     "instructions_per_req": None, "errors": 0, "other_cpu_cores": 0.0,
+                     "rss_mb": None}
+                )  # fmt: skip
+    return rows
+
+
+def test_peers_cpu_per_request_is_judged_per_round_against_haproxy() -> None:
+    """<= 2.0x HAProxy's CPU per request at 10, 50 and 200 connections: the median of each
+    round's ratio (a round's drift falls on both); exactly 2.0x passes."""
+    rows = _cpu_rows({10: [60.0, 64.0, 70.0], 50: [64.0, 64.0, 64.0], 200: [90.0, 50.0, 80.0]})
+    judged = {t.name: t for t in peers.targets(peers.summarize(rows))}
+    cpu = {c: judged[f"router CPU/request vs HAProxy's, {c} conns"] for c in (10, 50, 200)}
+    assert cpu[10].ok is True and cpu[10].measured.startswith("2.00x (64.0 vs 32.0 µs)")
+    assert cpu[50].ok is True
+    assert cpu[200].ok is False and cpu[200].measured.startswith("2.50x")
+    assert peers.find(peers.summarize(rows), peers.ROUTER, 200)["cpu_x_haproxy"] == 2.5
+    # HAProxy's CPU not measured (a psutil failure): INCONCLUSIVE, not a PASS
+    for row in rows:
+        if row["path"] == "HAProxy + Lua" and row["connections"] == 50:
+            row["cpu_us_per_req"] = None
+    judged = {t.name: t for t in peers.targets(peers.summarize(rows))}
+    assert judged["router CPU/request vs HAProxy's, 50 conns"].ok is None
 
 
 def test_peers_targets_not_measured_are_na() -> None:
@@ -458,8 +501,17 @@ def test_peers_report_is_markdown_with_targets() -> None:
     }
     args = peers.parse_args(["--quick", "--connections", "1,50,1000"])
     assert (args.duration, args.rounds, args.conns) == (2.0, 1, [1, 50, 1000])
+    results["build"] = {"build": "pure", "compiled": [], "pure": list(build.HOT_MODULES)}
     text = peers.render(results, args)
     lines = text.splitlines()
+    assert "- build measured: pure (no compiled module" in text
+    assert "### Targets (issues 21 and 31, ratios within this run)" in text
+    assert (
+        "| router CPU/request vs HAProxy's, 50 conns | <= 2x | 4.55x (100.0 vs 22.0 µs) |" in text
+    )
+    # what did not pass, with why, under the table
+    assert "INCONCLUSIVE: router CPU/request vs HAProxy's, 10 conns: -" in lines
+    assert "MISS: router CPU/request vs HAProxy's, 50 conns: 4.55x (100.0 vs 22.0 µs)" in lines
     router = next(line for line in lines if line.startswith("| scoperouter | 1,000 |"))
     assert "| 24,000 | 0.70 |" in router and "230 (workers 80 / 80)" in router
     assert any(line.startswith("| --- | ---: |") for line in lines)
@@ -469,6 +521,71 @@ def test_peers_report_is_markdown_with_targets() -> None:
         "- scoperouter RSS: 200 (workers 65 / 65) MB before the run" in text
         and "(+30.0 MB)" in text
     )
+
+
+def test_the_build_is_named_from_the_hot_modules_files() -> None:
+    so = ".cpython-311-x86_64-linux-gnu.so"
+    pure = {name: f"/x/{name.replace('.', '/')}.py" for name in build.HOT_MODULES}
+    assert build.describe(pure)["build"] == "pure"
+    assert build.line(build.describe(pure)).startswith("pure (no compiled module")
+    done = {name: path.removesuffix(".py") + so for name, path in pure.items()}
+    assert build.describe(done) == {"build": "compiled", "compiled": sorted(done), "pure": []}
+    mixed = build.describe({**pure, "scoperouter.routing": "/x/scoperouter/routing" + so})
+    assert mixed["build"] == "mixed" and mixed["compiled"] == ["scoperouter.routing"]
+    assert build.line(mixed).startswith("mixed: compiled scoperouter.routing; pure ")
+    assert build.describe({})["build"] == "unknown"
+
+
+def test_the_build_is_what_the_routers_interpreter_imports() -> None:
+    """Asked of a child interpreter with the routers' environment: here the same modules this
+    process imported, compiled or not."""
+    import importlib
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    found = build.measured_build([sys.executable, "-O"], env)
+    expected = build.describe(
+        {name: importlib.import_module(name).__file__ or "" for name in build.HOT_MODULES}
+    )
+    assert found == expected and found["build"] in ("pure", "compiled", "mixed")
+    broken = build.measured_build([sys.executable, "-c", "raise SystemExit(3)", "--"], env)
+    assert broken["build"] == "unknown" and broken["error"]
+
+
+def _svg_ids(path: Path) -> dict[str, Any]:
+    import xml.etree.ElementTree as ET
+
+    return {e.get("id"): e for e in ET.parse(path).iter() if e.get("id")}
+
+
+def test_peers_draws_its_run_as_an_svg_from_its_json(tmp_path: Path) -> None:
+    """req/s and CPU per request against connections, one line per path (the direct path has
+    no proxy CPU), each point of the run on it; `--plot` draws a --json file, running nothing."""
+    rows = _peer_rows()
+    results = {"rows": rows, "summary": peers.summarize(rows), "context": {"cpus": 2}}
+    source = tmp_path / "peers.json"
+    source.write_text(json.dumps(results))
+    assert peers.main(["--plot", str(source)]) == 0  # next to it, as peers.svg
+    ids = _svg_ids(tmp_path / "peers.svg")
+    points = {"direct": 1, "HAProxy + Lua": 3, "scoperouter": 3}  # the fixture's points
+    for kind in ("rps", "cpu"):
+        for path, count in points.items():
+            series = peers_plot.series_id(kind, path)
+            if kind == "cpu" and path == "direct":
+                assert series not in ids
+                continue
+            line = ids[series].find("{http://www.w3.org/2000/svg}path")
+            assert line is not None, series
+            # one M and an L per further point: the series has every measured point
+            assert line.get("d", "").count("L") == count - 1, (series, line.get("d"))
+    assert peers_plot.series_id("rps", "HAProxy + Lua") == "rps-haproxy-lua"
+    text = (tmp_path / "peers.svg").read_text()
+    assert "requests per second" in text and "CPU" in text
+    # the same JSON draws the same file (no date in it)
+    assert peers.main(["--plot", str(source), "--svg", str(tmp_path / "again.svg")]) == 0
+    assert (tmp_path / "again.svg").read_text() == text
+    (tmp_path / "other.json").write_text('{"rows": []}')
+    assert peers.main(["--plot", str(tmp_path / "other.json")]) == 1  # not a run: no summary
+    assert peers.main(["--plot", str(tmp_path / "missing.json")]) == 1
 
 
 def test_bench_wan_makes_its_certificates_without_the_lab(tmp_path: Path) -> None:

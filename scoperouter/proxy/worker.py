@@ -196,6 +196,7 @@ class Worker:
             await asyncio.sleep(TICK)
             ticks += 1
             now = time.monotonic()
+            self.pipeline.metrics.flush()  # the tick's requests, into prometheus-client
             self.pool.sweep(now)
             if self.forward is not None:
                 self.forward.sweep(now)
@@ -227,6 +228,7 @@ class Worker:
         if self.forward is not None:
             await self.forward.stop_listening()
             await self.forward.done()
+        self.pipeline.metrics.flush()  # the last tick's counts
 
 
 def _configure_pool(pool: Pool, cloud: str, catalog: Catalog) -> None:

@@ -74,6 +74,18 @@ class AccessLog:
         # The same line as above, as JsonFormatter would write it (a test holds the two equal),
         # rendered in one expression: the line is a sizeable share of a request's work.
         q = logs.quote
+        if note is None and not state.stripped and type(decision) is Forward:
+            # the usual line (a request answered by one cloud) in one piece, not added to
+            direct.add(
+                f"{direct.start(access.name, time.time())}{q(message)}"
+                f',"request_id":{q(state.request_id)},"method":{q(state.method)}'
+                f',"path":{q(state.path)},"status":{status or "null"}'
+                f',"ms":{tenths // 10}.{tenths % 10}'
+                f',"service":{q(decision.service_type)},"cloud":{q(decision.cloud)}'
+                f',"decision":"{"remote" if decision.remote else "local"}"'
+                f',"target":{q(decision.url.partition("?")[0])}}}'
+            )
+            return
         line = (
             f"{direct.start(access.name, time.time())}{q(message)}"
             f',"request_id":{q(state.request_id)},"method":{q(state.method)}'

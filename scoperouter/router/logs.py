@@ -202,12 +202,18 @@ class Direct:
         self.root_handlers = logging.getLogger().handlers  # the list itself: kept up to date
         # logger name -> no handler or filter on its way up (checked once per logger)
         self.plain: dict[str, bool] = {}
+        # the current second's '{"ts":"YYYY-MM-DDTHH:MM:SS' and the text after the time
+        self._second, self._logger, self._prefix, self._head = -1, "", "", ""
 
     def start(self, logger: str, created: float) -> str:
         """An INFO line's text up to its message: ``{"ts":...,"msg":``."""
-        formatter = self.formatter
-        head = formatter._heads.get(("INFO", logger)) or formatter._head("INFO", logger)
-        return '{"ts":"' + formatter._timestamp(created) + head
+        second = int(created)
+        if second != self._second or logger != self._logger:  # once a second (per logger)
+            formatter = self.formatter
+            head = formatter._heads.get(("INFO", logger)) or formatter._head("INFO", logger)
+            self._second, self._logger, self._head = second, logger, head
+            self._prefix = '{"ts":"' + formatter._timestamp(second)[:-5]  # less ".mmmZ"
+        return self._prefix + _MILLIS[min(int((created - second) * 1000), 999)] + self._head
 
     def add(self, line: str) -> None:
         handler = self.handler

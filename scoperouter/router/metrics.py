@@ -4,11 +4,20 @@ Each worker process updates them; with several workers the supervisor sets
 ``PROMETHEUS_MULTIPROC_DIR`` before they start, so values go to files there and the supervisor's
 ``/metrics`` endpoint adds them up (gauges as documented per metric). Label values are bounded:
 service types and cloud names come from the config, statuses from HTTP.
+
+Nothing per request touches prometheus-client: a request adds to plain per-worker tallies (a
+count and a duration histogram per label set, open connections as a difference), and
+:meth:`Metrics.flush`, called once per tick of the worker's sweep and when it stops, hands them
+over in one update per label set and bucket. ``/metrics`` is exact to within one tick. (In
+multiprocess mode every prometheus-client update takes its lock, checks the process id with a
+``getpid()`` system call and writes the value to its file: three times per request before.)
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from bisect import bisect_left
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -18,6 +27,11 @@ from scoperouter.router.config import RouterConfig
 from scoperouter.router.health import Upstream, UpstreamHealth
 from scoperouter.router.state import HeadRefusal, RequestState
 from scoperouter.routing import Failover, FanOut, Forward
+
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120)
+_BOUNDS = (*(float(b) for b in BUCKETS), float("inf"))  # the histogram's, +Inf last
+
+logger = logging.getLogger("scoperouter")
 
 REQUESTS = Counter(
     "scoperouter_requests",
@@ -29,7 +43,7 @@ DURATION = Histogram(
     "scoperouter_request_duration_seconds",
     "Time from the request head to the answer, by service type and decision.",
     ["service", "decision"],
-    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120),
+    buckets=BUCKETS,
 )
 OPEN_CONNECTIONS = Gauge(
     "scoperouter_open_connections",
@@ -62,18 +76,32 @@ RELOADS = Counter(
 )
 
 
+Key = tuple[str, str, str, int]  # service, cloud, decision, status (0: none)
+
+
 class Metrics:
     """Counted once per request the router answers (responses, error answers, refused heads),
     with the time from the request head to the answer; open client connections; and the
     health of every upstream this router uses (each other cloud's router, each backend of
-    this cloud: 1 up, 0 down, as :class:`~scoperouter.router.health.UpstreamHealth` decides)."""
+    this cloud: 1 up, 0 down, as :class:`~scoperouter.router.health.UpstreamHealth` decides).
+
+    Requests, connections, peer connections and stripped heads are tallied here and reach
+    prometheus-client at :meth:`flush` (the worker's tick); the health of upstreams (rare)
+    at once."""
 
     def __init__(self, config: RouterConfig, health: UpstreamHealth) -> None:
         self.config = config
-        self._requests: dict[tuple[str, str, str, int], Any] = {}
+        self._requests: dict[Key, Any] = {}  # prometheus-client's children, by label set
         self._durations: dict[tuple[str, str], Any] = {}
         self._linked: dict[str, list[str]] = {}  # peer link -> the services behind it
         self._peer_connections: dict[tuple[str, str], Any] = {}
+        # Since the last flush: per label set [seconds summed, then a count per bucket of
+        # _BOUNDS]; client connections opened less closed; peer connections; stripped heads.
+        self._tallies: dict[Key, list[float]] = {}
+        self._open = 0
+        self._peer_opened: dict[tuple[str, str], int] = {}
+        self._stripped = 0
+        self._failing = False  # the last flush failed (logged once until one succeeds)
         config.subscribe(self._upstreams)
         health.on_change(self._health)
 
@@ -103,24 +131,18 @@ class Metrics:
     def peer_connection(self, upstream: object, reason: str) -> None:
         """A connection to a peer router opened (`upstream`: its peer link's origin)."""
         key = (str(upstream), reason)
-        counter = self._peer_connections.get(key)
-        if counter is None:
-            counter = self._peer_connections[key] = PEER_CONNECTIONS.labels(*key)
-        counter.inc()
+        self._peer_opened[key] = self._peer_opened.get(key, 0) + 1
 
-    @staticmethod
-    def stripped() -> None:
+    def stripped(self) -> None:
         """A request's forged identity fields were dropped."""
-        IDENTITY_STRIPPED.inc()
+        self._stripped += 1
 
-    @staticmethod
-    def opened() -> None:
+    def opened(self) -> None:
         """A client connection opened."""
-        OPEN_CONNECTIONS.inc()
+        self._open += 1
 
-    @staticmethod
-    def closed() -> None:
-        OPEN_CONNECTIONS.dec()
+    def closed(self) -> None:
+        self._open -= 1
 
     def count(self, state: RequestState, status: int) -> None:
         if state.counted:
@@ -145,15 +167,69 @@ class Metrics:
     def refused(self, refusal: HeadRefusal) -> None:
         self._observe(("-", "-", "refused", refusal.status), time.monotonic() - refusal.started)
 
-    def _observe(self, key: tuple[str, str, str, int], seconds: float) -> None:
+    def _observe(self, key: Key, seconds: float) -> None:
+        tally = self._tallies.get(key)
+        if tally is None:
+            tally = self._tallies[key] = [0.0] * (len(_BOUNDS) + 1)
+        tally[0] += seconds
+        # the first bucket whose bound is >= seconds, as Histogram.observe picks it
+        tally[bisect_left(_BOUNDS, seconds) + 1] += 1
+
+    def flush(self) -> None:
+        """Hand what was tallied since the last flush to prometheus-client: one update per
+        label set (and per histogram bucket used). The worker calls this once per tick and
+        when it stops; it never raises (the tick checks every deadline too)."""
+        try:
+            self._flush()
+        except Exception:  # e.g. a full disk under PROMETHEUS_MULTIPROC_DIR
+            if not self._failing:
+                logger.exception("updating the metrics failed (the counts of a tick are lost)")
+            self._failing = True
+        else:
+            self._failing = False
+
+    def _flush(self) -> None:
+        if self._tallies:
+            tallies, self._tallies = self._tallies, {}
+            for key, tally in tallies.items():
+                self._add(key, tally)
+        if self._open:
+            opened, self._open = self._open, 0
+            OPEN_CONNECTIONS.inc(opened)
+        if self._peer_opened:
+            peer_opened, self._peer_opened = self._peer_opened, {}
+            for labels, n in peer_opened.items():
+                counter = self._peer_connections.get(labels)
+                if counter is None:
+                    counter = self._peer_connections[labels] = PEER_CONNECTIONS.labels(*labels)
+                counter.inc(n)
+        if self._stripped:
+            stripped, self._stripped = self._stripped, 0
+            IDENTITY_STRIPPED.inc(stripped)
+
+    def _add(self, key: Key, tally: list[float]) -> None:
         counter = self._requests.get(key)
         if counter is None:  # labels() takes a lock and builds a key: once per label set
             service, cloud, decision, status = key
             counter = REQUESTS.labels(service, cloud, decision, str(status or "-"))
             self._requests[key] = counter
-        counter.inc()
+        counts = tally[1:]
+        counter.inc(sum(counts))
         short = (key[0], key[2])
         histogram = self._durations.get(short)
         if histogram is None:
             histogram = self._durations[short] = DURATION.labels(*short)
-        histogram.observe(seconds)
+        observe_many(histogram, tally[0], counts)
+
+
+def observe_many(histogram: Any, seconds: float, counts: list[float]) -> None:
+    """What ``histogram.observe`` of each of many durations adds (their sum, `seconds`, and
+    `counts`: how many fell in each bucket, as :data:`_BOUNDS`), in one update per bucket.
+
+    prometheus-client has no batch API: this adds to the child's own values (``_sum``, and
+    ``_buckets``, one per bound, +Inf last: the layout of every release since 0.4;
+    tests/unit/test_metrics.py holds the result to observe()'s)."""
+    histogram._sum.inc(seconds)
+    for bucket, n in zip(histogram._buckets, counts, strict=True):
+        if n:
+            bucket.inc(n)

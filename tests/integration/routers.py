@@ -308,3 +308,36 @@ def sample_rss(
 def token_headers(token: str, scope: str | None) -> dict[str, str]:
     value = token if scope is None else f"{token}!SCOPE!{scope}"
     return {"X-Auth-Token": value}
+
+
+def metric(status_url: str, prefix: str) -> float:
+    """The sum of the samples whose line starts with `prefix` (``name{labels}``, or ``name ``
+    for one without labels) in the router's ``/metrics`` (`status_url`: http://host:port)."""
+    text = request("GET", status_url + "/metrics").body.decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix)
+    )
+
+
+def wait_for_metric(status_url: str, prefix: str, expected: float, timeout: float = 10.0) -> float:
+    """:func:`metric` once it is `expected` (or at the deadline: the caller asserts). Workers
+    hand their counts to /metrics once per tick (0.1 s), not per request."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = metric(status_url, prefix)
+        if value == expected or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)
+
+
+def settled_metric(status_url: str, prefix: str, quiet: float = 0.3) -> float:
+    """:func:`metric` once it stayed the same for `quiet` seconds (several ticks): what was
+    answered before is in it (a figure to count from)."""
+    value = metric(status_url, prefix)
+    for _ in range(50):
+        time.sleep(quiet)
+        again = metric(status_url, prefix)
+        if again == value:
+            break
+        value = again
+    return value

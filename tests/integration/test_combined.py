@@ -30,9 +30,11 @@ from .routers import (
     cloud_entry,
     free_port,
     request,
+    settled_metric,
     start_all,
     stop_all,
     token_headers,
+    wait_for_metric,
     write_config,
 )
 
@@ -42,6 +44,7 @@ PEER_TIMEOUT = 2.0
 IDS = {"CloudOne": [f"one-{n}" for n in range(7)], "CloudTwo": [f"two-{n}" for n in range(5)]}
 CAPS = {"CloudOne": 4, "CloudTwo": 3}  # each list's own page maximum
 SHARED = "in-both"  # an image id both clouds have (found by id, not listed)
+FANOUT_OK = 'cloud="-",decision="fanout",service="image",status="200"'
 
 
 @dataclass
@@ -53,11 +56,13 @@ class Setup:
     metrics: str  # CloudOne's /metrics
 
     def counter(self, labels: str) -> float:
-        """scoperouter_requests_total{<labels>} of CloudOne's router now (0 before any)."""
-        for line in request("GET", self.metrics + "/metrics").body.decode().splitlines():
-            if line.startswith("scoperouter_requests_total{" + labels + "}"):
-                return float(line.rsplit(" ", 1)[1])
-        return 0.0
+        """scoperouter_requests_total{<labels>} of CloudOne's router once what was answered
+        before is in it (0 before any)."""
+        return settled_metric(self.metrics, "scoperouter_requests_total{" + labels + "}")
+
+    def counted(self, labels: str, expected: float) -> float:
+        """The same once it is `expected` (the workers hand counts over once per tick)."""
+        return wait_for_metric(self.metrics, "scoperouter_requests_total{" + labels + "}", expected)
 
     def get(self, expression: str, path: str = "/v2/images", **headers: str) -> Reply:
         scope = json.dumps({"image": expression})
@@ -145,6 +150,7 @@ def test_a_merged_list_pages_through_both_clouds_once(setup: Setup, limit: int) 
     path = f"/v2/images?limit={limit}"
     seen: list[tuple[str, str]] = []
     ids: list[str] = []
+    before = setup.counter(FANOUT_OK)
     for _ in range(20):
         reply = setup.get("CloudOne & CloudTwo", path)
         assert reply.status == 200, reply.body
@@ -163,7 +169,7 @@ def test_a_merged_list_pages_through_both_clouds_once(setup: Setup, limit: int) 
     assert entry["status"] == 200 and entry["tried"] == "CloudOne: 200; CloudTwo: 200"
     # the last page asks only the cloud that still has items
     assert access_of(setup.routers["CloudOne"], ids[-1])["tried"] == "CloudTwo: 200"
-    assert setup.counter('cloud="-",decision="fanout",service="image",status="200"') >= len(ids)
+    assert setup.counted(FANOUT_OK, before + len(ids)) == before + len(ids)
     two = access_of(setup.routers["CloudTwo"], ids[-1])
     assert two["decision"] == "local" and two["cloud"] == "CloudTwo"
     _, _, headers = setup.lists["CloudTwo"].seen[-1]
@@ -255,9 +261,9 @@ def test_failover_past_a_refusing_cloud_then_skipping_it(setup: Setup) -> None:
     assert reply.status == 200
     entry = access_of(setup.routers["CloudOne"], reply.headers["x-scope-request-id"])
     assert entry["tried"] == "CloudDown: skipped, marked down; CloudTwo: 200"
-    # Counted by decision, with the cloud that answered (metrics are written by the workers
-    # and read by the supervisor: no delay).
-    assert setup.counter(counted) == before + 2
+    # Counted by decision, with the cloud that answered (metrics are tallied by the workers,
+    # handed over once per tick, read by the supervisor).
+    assert setup.counted(counted, before + 2) == before + 2
 
 
 def test_failover_past_a_hung_cloud_waits_once_then_never(setup: Setup) -> None:

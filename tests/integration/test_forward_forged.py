@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from .routers import raw_exchange, request
+from .routers import raw_exchange, settled_metric, wait_for_metric
 from .test_forged import assert_clean, forged_head, stripped_once
 from .test_forward_tls import Setup, in_tunnel, setup
 from .test_hostile import received
@@ -26,24 +26,20 @@ pytestmark = pytest.mark.integration
 __all__ = ["setup"]  # the fixture, for pytest
 
 
-def _stripped_total(setup: Setup) -> float:
-    for line in request("GET", setup.metrics + "/metrics").body.decode().splitlines():
-        if line.startswith("scoperouter_identity_fields_stripped_total "):
-            return float(line.split()[-1])
-    return 0.0
+STRIPPED = "scoperouter_identity_fields_stripped_total "
 
 
 def test_forged_identity_fields_never_pass_the_plain_forward_proxy(setup: Setup) -> None:
     plain = setup.plain
     authority = f"{plain.host}:{plain.port}".encode()
     url = b"http://%s/v3/forged-plain" % authority
-    before = _stripped_total(setup)
+    before = settled_metric(setup.metrics, STRIPPED)
     reply = raw_exchange(*setup.proxy, forged_head(url, authority))
     assert reply.status == 200, reply
     assert_clean(plain, b"/v3/forged-plain")
     entry = stripped_once(setup.routers["CloudOne"], url.decode())
     assert entry["decision"] == "local" and entry["service"] == "identity"
-    assert _stripped_total(setup) >= before + 1
+    assert wait_for_metric(setup.metrics, STRIPPED, before + 1) == before + 1
 
 
 def test_forged_identity_fields_never_pass_a_tunnel(setup: Setup) -> None:

@@ -44,10 +44,11 @@ from .routers import (
     cloud_entry,
     free_port,
     raw_exchange,
-    request,
     scoperouter_command,
+    settled_metric,
     start_all,
     stop_all,
+    wait_for_metric,
     write_config,
 )
 from .tunnel import connect, exchange, open_tunnel, send_request
@@ -97,10 +98,12 @@ class Setup:
             conn.close()
 
     def counter(self, labels: str) -> float:
-        for line in request("GET", self.metrics + "/metrics").body.decode().splitlines():
-            if line.startswith("scoperouter_requests_total{" + labels + "}"):
-                return float(line.rsplit(" ", 1)[1])
-        return 0.0
+        """scoperouter_requests_total{<labels>} once what was answered before is in it."""
+        return settled_metric(self.metrics, "scoperouter_requests_total{" + labels + "}")
+
+    def counted(self, labels: str, expected: float) -> float:
+        """The same once it is `expected` (the workers hand counts over once per tick)."""
+        return wait_for_metric(self.metrics, "scoperouter_requests_total{" + labels + "}", expected)
 
 
 def tls_server(directory: Path, name: str, host: str, ca: tuple[Path, Path]) -> ssl.SSLContext:
@@ -229,7 +232,7 @@ def test_https_to_a_tls_backend_of_the_catalog_is_routed_by_scope(setup: Setup) 
     assert entry["path"] == "https://{}:{}/v2/images".format(*setup.image)
     assert (entry["cloud"], entry["decision"], entry["status"]) == ("CloudTwo", "remote", 200)
     two.wait_for_access(request_id=request_id, status=200)
-    assert setup.counter(remote) == before + 1
+    assert setup.counted(remote, before + 1) == before + 1
     # No scope: CloudOne's own TLS backend, verified against the clouds' CA.
     reply, _ = setup.via_proxy(setup.image)
     assert (reply.status, reply.json()["backend"]) == (200, "CloudOne-image")

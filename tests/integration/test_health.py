@@ -10,12 +10,23 @@ from dataclasses import dataclass
 import pytest
 
 from .backends import EchoBackend, SilentServer
-from .routers import Router, cloud_entry, free_port, request, start_all, stop_all, write_config
+from .routers import (
+    Router,
+    cloud_entry,
+    free_port,
+    request,
+    settled_metric,
+    start_all,
+    stop_all,
+    wait_for_metric,
+    write_config,
+)
 
 pytestmark = pytest.mark.integration
 
 HOST = "127.0.0.22"
 PEER_TIMEOUT = 1.0
+REQUESTS = 25  # counted requests, exactly
 
 
 @dataclass
@@ -106,25 +117,25 @@ def test_a_refusing_peer_is_marked_down_too(one_with_a_frozen_peer: Setup) -> No
     assert status == 503 and "refused the connection" in message and elapsed < 0.5
 
 
-def _counter(setup: Setup, labels: str) -> float:
-    """The value of scoperouter_requests_total{<labels>} now (0 before the first one)."""
-    for line in request("GET", setup.status + "/metrics").body.decode().splitlines():
-        if line.startswith("scoperouter_requests_total{" + labels + "}"):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 def test_metrics_count_requests_by_service_cloud_decision_status(
     one_with_a_frozen_peer: Setup,
 ) -> None:
+    """Each request counted exactly once, by its labels, in the counter and the duration
+    histogram: the worker tallies them and hands them to /metrics once per tick."""
     setup = one_with_a_frozen_peer
-    ok = 'cloud="CloudOne",decision="local",service="image",status="200"'
-    refused = 'cloud="-",decision="refused",service="-",status="400"'
-    before = _counter(setup, ok), _counter(setup, refused)
-    for _ in range(3):
+    ok = (
+        'scoperouter_requests_total{cloud="CloudOne",decision="local",service="image",status="200"}'
+    )
+    refused = 'scoperouter_requests_total{cloud="-",decision="refused",service="-",status="400"}'
+    durations = 'scoperouter_request_duration_seconds_count{decision="local",service="image"}'
+    before = {name: settled_metric(setup.status, name) for name in (ok, refused, durations)}
+    for _ in range(REQUESTS):
         assert scoped(setup, "CloudOne")[0] == 200
     assert scoped(setup, "Nowhere")[0] == 400
-    assert (_counter(setup, ok), _counter(setup, refused)) == (before[0] + 3, before[1] + 1)
+    for name, added in ((ok, REQUESTS), (refused, 1), (durations, REQUESTS)):
+        assert wait_for_metric(setup.status, name, before[name] + added) == before[name] + added
+    # every client connection closed: none open (opened less closed, per tick)
+    assert wait_for_metric(setup.status, "scoperouter_open_connections ", 0) == 0
     text = request("GET", setup.status + "/metrics").body.decode()
     assert "scoperouter_request_duration_seconds_bucket" in text
     assert "scoperouter_open_connections" in text

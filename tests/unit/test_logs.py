@@ -10,7 +10,13 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scoperouter.router.logs import FIELDS, BatchingHandler, JsonFormatter, TextFormatter
+from scoperouter.router.logs import (
+    FIELDS,
+    BatchingHandler,
+    Direct,
+    JsonFormatter,
+    TextFormatter,
+)
 
 
 def record(level: int = logging.INFO, **fields: object) -> logging.LogRecord:
@@ -125,3 +131,17 @@ def test_timestamps_keep_three_digits_of_milliseconds_at_a_seconds_edge() -> Non
         stamp = formatter._timestamp(created)
         assert len(stamp) == len("2023-11-14T22:13:20.000Z") and stamp.endswith("Z"), stamp
     assert formatter._timestamp(1_700_000_000.25).endswith(":20.250Z")
+
+
+def test_the_direct_writers_line_start_is_the_formatters_across_seconds_and_loggers() -> None:
+    """Direct.start keeps the second's text and the logger's part between two calls (the
+    access line's writer): what it gives is always the formatter's own text, whatever the
+    time does (a new second, an edge, backwards) and whichever logger asks."""
+    formatter = JsonFormatter({"router": "CloudOne", "pid": 7})
+    direct = Direct(BatchingHandler(io.StringIO()), formatter)
+    times = [1_700_000_000.25, 1_700_000_000.9999999, 1_700_000_001.0004, 1_700_000_001 - 1e-7]
+    times += [1_700_000_061.5, 1_600_000_000.125, 1_700_000_061.5]
+    for created in times:
+        for logger in ("scoperouter.access", "scoperouter", "scoperouter.access"):
+            expected = formatter._timestamp(created) + formatter._head("INFO", logger)
+            assert direct.start(logger, created) == '{"ts":"' + expected, (logger, created)

@@ -453,11 +453,13 @@ def test_refused_heads_are_logged_and_counted(
 ) -> None:
     labels = {"service": "-", "cloud": "-", "decision": "refused", "status": "431"}
     before = _sample("scoperouter_requests_total", **labels)
+    p = pipeline(config)
     with caplog.at_level(logging.INFO, logger="scoperouter.access"):
-        pipeline(config).refused(_Refusal())
+        p.refused(_Refusal())
     [record] = caplog.records
     assert record.__dict__["fields"]["status"] == 431
     assert record.__dict__["fields"]["decision"] == "refused"
+    p.metrics.flush()  # the worker's tick
     assert _sample("scoperouter_requests_total", **labels) == before + 1
 
 
@@ -473,6 +475,7 @@ def test_metrics_count_each_answer_once(config: RouterConfig) -> None:
     state.decision = decision
     p.done(state, 200)
     p.done(state, 200)
+    p.metrics.flush()  # the worker's tick
     assert _sample("scoperouter_requests_total", **labels) == before + 1
 
 
