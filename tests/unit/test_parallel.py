@@ -81,7 +81,7 @@ def test_other(n):
 """
 
 
-def child_run(tmp_path: Path, marker: str, markexpr: str) -> dict[str, str]:
+def child_run(tmp_path: Path, marker: str, markexpr: str, *more: str) -> dict[str, str]:
     """A child pytest with 2 workers and tests/conftest.py's hook, over 4 tests marked `marker`
     and 4 others, selected by `-m markexpr`: where each test ran."""
     (tmp_path / "conftest.py").write_text(
@@ -95,7 +95,7 @@ def child_run(tmp_path: Path, marker: str, markexpr: str) -> dict[str, str]:
     env.update(PARALLEL_OUT=str(out), PYTHONPATH=str(ROOT))
     argv = [sys.executable, "-m", "pytest", str(tmp_path / "test_child.py"), "-p",
             "no:cacheprovider", "-q", "-o", "addopts=", "--rootdir", str(tmp_path), "-n", "2",
-            "-m", markexpr, "-W", "ignore::pytest.PytestUnknownMarkWarning"]  # fmt: skip
+            "-m", markexpr, "-W", "ignore::pytest.PytestUnknownMarkWarning", *more]  # fmt: skip
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return {path.name: path.read_text() for path in out.iterdir()}
@@ -110,6 +110,13 @@ def test_a_run_that_selects_the_lab_runs_serially(tmp_path: Path, marker: str) -
     ran = child_run(tmp_path, marker, "not e2e and not deploy")  # the default: in parallel
     assert sorted(ran) == [f"other-{n}" for n in range(4)], ran
     assert set(ran.values()) <= {"gw0", "gw1"}, ran
+
+
+def test_a_pdb_run_is_serial(tmp_path: Path) -> None:
+    """`pytest --pdb` with the addopts' `-n 2`: serial (xdist would refuse it), no -n 0 needed."""
+    ran = child_run(tmp_path, "e2e", "not e2e", "--pdb")
+    assert sorted(ran) == [f"other-{n}" for n in range(4)], ran
+    assert set(ran.values()) == {"serial"}, ran
 
 
 def test_what_may_select_the_lab() -> None:
