@@ -13,6 +13,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -43,7 +44,10 @@ from tests.broker.ansible_harness import (
 )
 from tests.broker.conftest import Harness
 
-INSTANCE = "ans-1"
+# A run's processes are found (and a new run's leftovers reaped) by the instance's marker, on
+# the whole host: a test process of its own (pytest-xdist's workers run the [sqlite] and
+# [postgresql] cases at once) must not share the id, or one reaps the other's playbook.
+INSTANCE = f"ans-{uuid.uuid4().hex[:12]}"
 PASSWORD = "pw-Very-Secret-42"
 
 
