@@ -60,6 +60,12 @@ FLAT_FROM = 50  # the concurrency the flat-cost target compares with
 # Issue 31: the router's CPU per request <= 2.0x HAProxy's, at each of these concurrencies
 TARGET_CPU_RATIO = 2.0
 CPU_AT = (10, 50, 200)
+# Issue 32: memory back to its baseline. The router's RSS (supervisor and workers), SETTLE_S
+# seconds after the last point (its connections closed, nothing sent), against its RSS before the
+# first: at most TARGET_RSS_GROWTH more (what a worker may keep: its pools of idle connections,
+# the allocator's arenas); a bigger growth is memory the run left behind.
+SETTLE_S = 10.0
+TARGET_RSS_GROWTH = 0.10
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -233,6 +239,9 @@ def run(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
                 row["rss_mb"] = rss(path.pids[0]) if path.pids else None
                 rows.append(row)
     results["rss_after"] = {ROUTER: rss(router_pid), HAPROXY: rss(haproxy_pid)}
+    say(f"idle for {SETTLE_S:g} s, then the RSS again (memory back to its baseline?)")
+    time.sleep(SETTLE_S)
+    results["rss_settled"] = {ROUTER: rss(router_pid), HAPROXY: rss(haproxy_pid)}
     for proc in bench.procs.procs:
         if not proc.alive():
             raise BenchError(f"{proc.name} died during the run: {proc.log_tail()}")
@@ -361,6 +370,26 @@ def targets(summary: list[dict[str, Any]]) -> list[report.Target]:
     return out
 
 
+def memory_target(results: dict[str, Any]) -> report.Target:
+    """The router's RSS SETTLE_S after the last point against before the first (INCONCLUSIVE
+    when either was not sampled)."""
+    name = f"router RSS {SETTLE_S:g} s after the last point vs before the run"
+    goal = f"<= +{TARGET_RSS_GROWTH:.0%}"
+    before = (results.get("rss_before") or {}).get(ROUTER) or {}
+    settled = (results.get("rss_settled") or {}).get(ROUTER) or {}
+    b, a = before.get("total"), settled.get("total")
+    if not b or a is None:
+        return report.Target(name, goal, "-", None)
+    growth = a / b - 1
+    measured = f"{growth:+.1%} ({_rss_text(before)} -> {_rss_text(settled)} MB)"
+    return report.Target(name, goal, measured, a <= b * (1 + TARGET_RSS_GROWTH))
+
+
+def all_targets(results: dict[str, Any]) -> list[report.Target]:
+    """Every target of the run: those on the summary, then memory."""
+    return [*targets(results["summary"]), memory_target(results)]
+
+
 def flat_cost(summary: list[dict[str, Any]], path: str) -> dict[str, Any]:
     """A proxy's CPU per request at the most connections against its figure at FLAT_FROM."""
     most = max((s["connections"] for s in summary), default=0)
@@ -467,7 +496,7 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
             )
     out += memory_lines(results, most)
     out += ["", "### Targets (issues 21 and 31, ratios within this run)", ""]
-    judged = targets(summary)
+    judged = all_targets(results)
     out.append(
         report.markdown_table(
             ["target", "goal", "measured", "result"], [t.row() for t in judged], align="lllr"
@@ -524,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         bench.cleanup()
     results["context"] = context
     results["summary"] = summarize(results["rows"])
-    results["targets"] = [vars(t) for t in targets(results["summary"])]
+    results["targets"] = [vars(t) for t in all_targets(results)]
     results["flat_cost"] = {p: flat_cost(results["summary"], p) for p in (ROUTER, HAPROXY)}
     results["elapsed_s"] = round(time.monotonic() - started, 1)
     results["args"] = vars(args)
@@ -536,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.svg:
         peers_plot.draw(results, Path(args.svg))
         say(f"the run drawn into {args.svg}")
-    return report.exit_status(targets(results["summary"]))
+    return report.exit_status(all_targets(results))
 
 
 if __name__ == "__main__":

@@ -498,6 +498,7 @@ def test_peers_report_is_markdown_with_targets() -> None:
         "summary": peers.summarize(rows),
         "rss_before": {peers.ROUTER: {"total": 200.0, "main": 70.0, "children": [65.0, 65.0]}},
         "rss_after": {peers.ROUTER: {"total": 230.0, "main": 70.0, "children": [80.0, 80.0]}},
+        "rss_settled": {peers.ROUTER: {"total": 210.0, "main": 70.0, "children": [70.0, 70.0]}},
     }
     args = peers.parse_args(["--quick", "--connections", "1,50,1000"])
     assert (args.duration, args.rounds, args.conns) == (2.0, 1, [1, 50, 1000])
@@ -517,10 +518,28 @@ def test_peers_report_is_markdown_with_targets() -> None:
     assert any(line.startswith("| --- | ---: |") for line in lines)
     assert "| router CPU/request at 1,000 conns vs at 50 | <= 1.2x | 1.10x" in text
     assert "MISS |" in text and "PASS |" in text
+    assert "| router RSS 10 s after the last point vs before the run | <= +10% | +5.0%" in text
     assert (
         "- scoperouter RSS: 200 (workers 65 / 65) MB before the run" in text
         and "(+30.0 MB)" in text
     )
+
+
+def test_peers_memory_back_to_its_baseline_is_judged() -> None:
+    """Issue 32: the router's RSS after the run settles, against before it: PASS within the
+    allowed growth, MISS past it, INCONCLUSIVE when either was not sampled."""
+    before = {peers.ROUTER: {"total": 200.0, "main": 70.0, "children": [65.0, 65.0]}}
+
+    def judged(total: float | None) -> Any:
+        settled = {peers.ROUTER: {"total": total, "main": 70.0, "children": [80.0, 80.0]}}
+        return peers.memory_target({"rss_before": before, "rss_settled": settled})
+
+    assert judged(200.0 * (1 + peers.TARGET_RSS_GROWTH)).ok is True
+    missed = judged(230.0)
+    assert missed.ok is False and missed.measured.startswith("+15.0% (200 (workers 65 / 65)")
+    assert judged(None).ok is None and judged(None).measured == "-"
+    assert peers.memory_target({"rss_before": before}).ok is None  # never sampled
+    assert peers.memory_target({}).ok is None
 
 
 def test_the_build_is_named_from_the_hot_modules_files() -> None:
