@@ -494,11 +494,35 @@ class CloudRunner:
         if self.procs.running(name, fp):
             return "running"
         stopped = self.procs.stop(name)
-        if stopped and self.listen_port(what) is not None:
+        port = self.listen_port(what)
+        if stopped and port is not None:
             self._wait_port_free(what)
         self.procs.start(name, argv, log=self.log(what), env=self.env(what), fp=fp,
                          cwd=self.paths.root)  # fmt: skip
+        if stopped and port is not None and self._lost_bind(name, what):
+            # a uWSGI stuck in its graceful shutdown (SIGKILLed after the stop's timeout) was
+            # seen to leave its port bound a moment longer than the probe saw (CI of stop 36:
+            # "bind(): Address already in use", the restart dead): wait for it again, once
+            self._wait_port_free(what)
+            self.procs.start(name, argv, log=self.log(what), env=self.env(what), fp=fp,
+                             cwd=self.paths.root)  # fmt: skip
         return "restarted (changed)" if stopped else "started"
+
+    def _lost_bind(self, name: str, what: str, timeout: float = 10) -> bool:
+        """Whether the process just started died on "Address already in use" (True), rather
+        than listening on its port or still starting when `timeout` ends (False)."""
+        address = (self.cloud.back_ip, self.listen_port(what) or 0)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rec = self.procs.get(name)
+            if rec is None or not rec.alive():
+                return "Address already in use" in tail(self.log(what))
+            with socket.socket() as probe:
+                probe.settimeout(0.5)
+                if probe.connect_ex(address) == 0:
+                    return False  # it listens
+            time.sleep(0.2)
+        return False
 
     def _wait_port_free(self, what: str, timeout: float = 30) -> None:
         """Until the stopped process's port can be bound again. A uWSGI killed in the middle
@@ -513,9 +537,13 @@ class CloudRunner:
                 probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uWSGI binds
                 try:
                     probe.bind(address)
-                    return
                 except OSError:
                     pass
+                else:
+                    with socket.socket() as client:  # and nothing accepts connections there
+                        client.settimeout(0.5)
+                        if client.connect_ex(address) != 0:
+                            return
             time.sleep(0.2)
 
     def start_api(self, name: str) -> str:
