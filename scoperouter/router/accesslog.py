@@ -74,29 +74,21 @@ class AccessLog:
         # The same line as above, as JsonFormatter would write it (a test holds the two equal),
         # rendered in one expression: the line is a sizeable share of a request's work.
         q = logs.quote
-        if note is None and not state.stripped and type(decision) is Forward:
-            # the usual line (a request answered by one cloud) in one piece, not added to
-            direct.add(
-                f"{direct.start(access.name, time.time())}{q(message)}"
-                f',"request_id":{q(state.request_id)},"method":{q(state.method)}'
-                f',"path":{q(state.path)},"status":{status or "null"}'
-                f',"ms":{tenths // 10}.{tenths % 10}'
-                f',"service":{q(decision.service_type)},"cloud":{q(decision.cloud)}'
-                f',"decision":"{"remote" if decision.remote else "local"}"'
-                f',"target":{q(decision.url.partition("?")[0])}}}'
-            )
-            return
         line = (
             f"{direct.start(access.name, time.time())}{q(message)}"
             f',"request_id":{q(state.request_id)},"method":{q(state.method)}'
             f',"path":{q(state.path)},"status":{status or "null"},"ms":{tenths // 10}.{tenths % 10}'
         )
         if isinstance(decision, Forward):
-            line += (
+            forward = (
                 f',"service":{q(decision.service_type)},"cloud":{q(decision.cloud)}'
                 f',"decision":"{"remote" if decision.remote else "local"}"'
                 f',"target":{q(decision.url.partition("?")[0])}'
             )
+            if note is None and not state.stripped:
+                direct.add(f"{line}{forward}}}")  # the usual line: joined once, not added to
+                return
+            line += forward
         elif isinstance(decision, FanOut | Failover):
             line += (
                 f',"service":{q(decision.service_type)},"cloud":{q(decision.expression)}'
