@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from scoperouter_lab import templates as T
-from scoperouter_lab.api import Keystone, http_status, request, wait_for
+from scoperouter_lab.api import Keystone, http_status, port_open, request, wait_for
 from scoperouter_lab.infra import run, tail
 from scoperouter_lab.layout import (
     PROCESSES,
@@ -517,10 +517,8 @@ class CloudRunner:
             rec = self.procs.get(name)
             if rec is None or not rec.alive():
                 return "Address already in use" in tail(self.log(what))
-            with socket.socket() as probe:
-                probe.settimeout(0.5)
-                if probe.connect_ex(address) == 0:
-                    return False  # it listens
+            if port_open(*address, timeout=0.5):
+                return False  # it listens
             time.sleep(0.2)
         return False
 
@@ -540,10 +538,8 @@ class CloudRunner:
                 except OSError:
                     pass
                 else:
-                    with socket.socket() as client:  # and nothing accepts connections there
-                        client.settimeout(0.5)
-                        if client.connect_ex(address) != 0:
-                            return
+                    if not port_open(*address, timeout=0.5):  # and nothing accepts there
+                        return
             time.sleep(0.2)
 
     def start_api(self, name: str) -> str:
