@@ -518,7 +518,8 @@ def test_peers_report_is_markdown_with_targets() -> None:
     assert any(line.startswith("| --- | ---: |") for line in lines)
     assert "| router CPU/request at 1,000 conns vs at 50 | <= 1.2x | 1.10x" in text
     assert "MISS |" in text and "PASS |" in text
-    assert "| router RSS 10 s after the last point vs before the run | <= +10% | +5.0%" in text
+    settled = f"| router RSS {peers.SETTLE_S:g} s after the last point vs before the run"
+    assert f"{settled} | <= +10% | +5.0%" in text
     assert (
         "- scoperouter RSS: 200 (workers 65 / 65) MB before the run" in text
         and "(+30.0 MB)" in text
@@ -1274,3 +1275,22 @@ def test_the_large_catalog_build_is_a_target() -> None:
     assert build.measured.startswith("1.40 s of CPU") and build.ok is False
     small = decision.build_cpu(30, repeats=2)
     assert small["clouds"] == 30 and 0 < small["best_s"] <= small["median_s"]
+
+
+def test_peers_memory_growth_per_round_is_judged() -> None:
+    """Issue 32: the router's RSS after the most connections, last round against the first: a
+    leak grows every round (MISS), a high-water mark kept by the allocator does not (PASS); one
+    round, or no sample, is INCONCLUSIVE."""
+
+    def row(round_: int, conns: int, total: float | None) -> dict[str, Any]:
+        rss = None if total is None else {"total": total, "main": 50.0, "children": [40.0]}
+        return {"path": peers.ROUTER, "round": round_, "connections": conns, "rss_mb": rss}
+
+    flat = [row(1, 10, 130.0), row(1, 1000, 157.9), row(2, 1000, 158.0), row(3, 1000, 158.0)]
+    assert peers.rounds_target(flat).ok is True
+    leak = [row(1, 1000, 150.0), row(2, 1000, 160.0), row(3, 1000, 170.0)]
+    missed = peers.rounds_target(leak)
+    assert missed.ok is False and missed.measured.startswith("+13.3% (150 (workers 40) -> 170")
+    assert peers.rounds_target([row(1, 1000, 150.0)]).ok is None  # one round: not computed
+    assert peers.rounds_target([row(1, 1000, None), row(2, 1000, 151.0)]).ok is None
+    assert peers.rounds_target([]).ok is None
