@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 import uuid
@@ -33,6 +34,7 @@ from scoperouter.broker.services.ansible.playbook import (
     marker,
     reap,
 )
+from scoperouter.broker.services.ansible.sandbox import run_env
 from scoperouter.broker.worker import Worker
 from tests.broker.ansible_harness import (
     NAME,
@@ -596,3 +598,77 @@ def test_openstack_cloud_modules_run_with_the_broker_s_openstacksdk(tmp_path: Pa
         server.shutdown()
     assert result.ok, result.failure
     assert result.stats == {"names": ["osb-stub"]}
+
+
+RUN_ENV_SEEN = ("PGPASSWORD", "AWS_SECRET_ACCESS_KEY", "OS_PASSWORD", "LC_ALL", "HTTPS_PROXY")
+
+
+def test_a_run_sees_only_the_allowlisted_environment_of_the_broker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real run reads its environment (lookup('env') on the controller): the broker's
+    secrets of any name (a PostgreSQL password, a cloud provider key, an OS_PASSWORD) stay
+    out; the locale and the proxy, on the allowlist, get in; so does the service's `env`."""
+    monkeypatch.setenv("PGPASSWORD", "pg-s3cret-value")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-s3cret-value")
+    monkeypatch.setenv("OS_PASSWORD", "os-s3cret-value")
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    project = tmp_path / "project"
+    project.mkdir()
+    names = (*RUN_ENV_SEEN, "PACK_SETTING")
+    seen = {name: "{{ lookup('env', '" + name + "') }}" for name in names}
+    (project / "env.yml").write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "name": "What the run sees",
+                    "hosts": "localhost",
+                    "gather_facts": False,
+                    "tasks": [{"name": "Publish", "ansible.builtin.set_stats": {"data": seen}}],
+                }
+            ]
+        )
+    )
+    result = Playbooks(tmp_path / "work", env={"PACK_SETTING": "configured"}).run(
+        RunSpec(
+            run_id="env-1",
+            marker=marker("env-1"),
+            project_dir=project,
+            playbook="env.yml",
+            extravars={},
+            clouds_yaml={"clouds": {"osb": {"auth_type": "none"}}},
+            timeout=120,
+            scrub=Scrubber(),
+        )
+    )
+    assert result.ok, result.failure
+    assert result.stats == {
+        "PGPASSWORD": "",
+        "AWS_SECRET_ACCESS_KEY": "",
+        "OS_PASSWORD": "",
+        "LC_ALL": "C.UTF-8",
+        "HTTPS_PROXY": "http://127.0.0.1:9",
+        "PACK_SETTING": "configured",
+    }
+
+
+def test_a_service_s_env_is_checked_when_the_broker_starts() -> None:
+    """services.<name>.env: names as the shell has them, values strings or numbers, and none of
+    the broker's own (OS_*, SCOPEROUTER_BROKER_*); an error names where."""
+    assert run_env(None, "services.p.env") == {}
+    assert run_env({"PACK_MODE": "fast", "RETRIES": 3}, "services.p.env") == {
+        "PACK_MODE": "fast",
+        "RETRIES": "3",
+    }
+    for bad, says in (
+        (["A=1"], "a mapping"),
+        ({"1BAD": "x"}, "'1BAD' is not a variable name"),
+        ({"A;rm -rf /": "x"}, "is not a variable name"),
+        ({"OS_PASSWORD": "x"}, "services.p.env.OS_PASSWORD"),
+        ({"SCOPEROUTER_BROKER_PASSWORD": "x"}, "are the broker's"),
+        ({"A": ["x"]}, "services.p.env.A: a string or a number"),
+        ({"A": True}, "a string or a number"),
+    ):
+        with pytest.raises(BrokerConfigError, match=re.escape(says)):
+            run_env(bad, "services.p.env")

@@ -14,9 +14,12 @@
 - **The modules' interpreter**: the broker's Python, through a wrapper that puts a
   ``sitecustomize`` on its path giving ``openstack.version`` back to openstack.cloud 2.5.0,
   which reads it in every module (openstacksdk 4.15 removed it).
-- **The environment**: the broker's, without its own secrets (``SCOPEROUTER_BROKER_*``) and
-  without any ``OS_*`` variable of whoever started it; ``OS_CLIENT_CONFIG_FILE`` and
-  ``OS_CLOUD=osb`` name the run's clouds.yaml, so ``openstack.cloud`` modules need no ``cloud:``.
+- **The environment**: an allowlist of the broker's (:data:`RUN_ENV_KEPT`: the path, the
+  locale, the time zone, proxies and CA bundles; nothing else of whoever started it: no
+  ``OS_*``, no ``SCOPEROUTER_BROKER_*``, no ``PGPASSWORD`` or cloud provider keys), plus what
+  ansible-runner sets for its callbacks, plus the service's configured ``env``;
+  ``OS_CLIENT_CONFIG_FILE`` and ``OS_CLOUD=osb`` name the run's clouds.yaml, so
+  ``openstack.cloud`` modules need no ``cloud:``.
 - **Tied to the broker's life**: ``ansible-playbook`` is started through a launcher that asks
   the kernel to SIGKILL it when the broker dies (``PR_SET_PDEATHSIG``; pexpect, which
   ansible-runner uses, makes it ignore the SIGHUP that would otherwise end it), and every
@@ -66,6 +69,16 @@ from scoperouter.broker.services.ansible.sandbox import (
 log = logging.getLogger("scoperouter.broker.ansible")
 
 MARKER_ENV = "SCOPEROUTER_BROKER_RUN"
+# What a run keeps of the broker's own environment, by name (and every LC_*): what a playbook
+# needs to find programs, speak the locale, reach the clouds through a proxy and trust their
+# CAs. Anything else a run needs goes in the service's `env` (config), named there.
+RUN_ENV_KEPT = frozenset(
+    {
+        "PATH", "LANG", "LANGUAGE", "TZ", "TERM", "VIRTUAL_ENV", "PYTHONPATH",
+        "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
+        "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE", "SSL_CERT_DIR", "CURL_CA_BUNDLE",
+    }
+)  # fmt: skip
 UNSAFE_TAG = "!unsafe"  # ansible's YAML tag for data that is never a template
 CLOUD_NAME = "osb"  # the run's clouds.yaml entry (OS_CLOUD)
 HIDDEN = "********"
@@ -286,10 +299,23 @@ class Playbooks:
         if self.run_as is not None:
             chown_tree(path, self.run_as)
 
-    def _environment(self, base: Mapping[str, str], spec: RunSpec, pdd: Path) -> dict[str, str]:
-        """ansible-runner's environment (the broker's, plus its callback settings) without
-        the broker's secrets and its starter's OpenStack variables, plus the run's."""
-        env = {k: v for k, v in base.items() if not k.startswith(("OS_", "SCOPEROUTER_BROKER_"))}
+    def _environment(
+        self,
+        base: Mapping[str, str],
+        spec: RunSpec,
+        pdd: Path,
+        broker: Mapping[str, str] | None = None,
+    ) -> dict[str, str]:
+        """ansible-runner's environment `base` (the broker's, plus its callback settings)
+        reduced to :data:`RUN_ENV_KEPT` of the `broker`'s own and what ansible-runner added or
+        changed, plus the run's."""
+        broker = os.environ if broker is None else broker
+        env = {
+            k: v
+            for k, v in base.items()
+            if (k in RUN_ENV_KEPT or k.startswith("LC_") or broker.get(k) != v)
+            and not k.startswith(("OS_", "SCOPEROUTER_BROKER_"))
+        }
         env.update(
             {
                 "OS_CLIENT_CONFIG_FILE": str(pdd / "clouds.yaml"),

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import sys
@@ -152,6 +153,31 @@ def _paths(value: object, where: str) -> tuple[str, ...]:
         if not os.path.isabs(path):
             raise BrokerConfigError(f"{where}: {path[:200]!r} is not an absolute path")
     return paths
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+def run_env(value: object, where: str) -> dict[str, str]:
+    """A service's ``env``: variables every run of it gets beside the allowlisted ones of the
+    broker (``{NAME: value}``; not ``OS_*`` nor ``SCOPEROUTER_BROKER_*``, which the broker sets
+    or keeps out)."""
+    if value in (None, ""):
+        return {}
+    if not isinstance(value, Mapping):
+        raise BrokerConfigError(f"{where}: a mapping of variable names to values")
+    env: dict[str, str] = {}
+    for name, val in value.items():
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            raise BrokerConfigError(f"{where}: {str(name)[:64]!r} is not a variable name")
+        if name.startswith(("OS_", "SCOPEROUTER_BROKER_")):
+            raise BrokerConfigError(
+                f"{where}.{name}: OS_* and SCOPEROUTER_BROKER_* are the broker's"
+            )
+        if not isinstance(val, str | int | float) or isinstance(val, bool):
+            raise BrokerConfigError(f"{where}.{name}: a string or a number")
+        env[name] = str(val)
+    return env
 
 
 def python_paths() -> list[str]:

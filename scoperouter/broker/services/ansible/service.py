@@ -93,6 +93,7 @@ class AnsibleService(placed.PlacedService):
             Path(str(settings.get("work_dir") or default_work_dir(self.name))),
             ansible_playbook=settings.get("ansible_playbook"),
             collections_path=settings.get("collections_path"),
+            env=sandbox.run_env(settings.get("env"), f"{where}.env"),
             run_as=sandbox.run_as(settings.get("run_as"), where),
             sandbox=sandbox.sandbox(settings, where),
         )
