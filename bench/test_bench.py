@@ -43,6 +43,8 @@ from bench import (
     transfer,
     wan,
     wan_clouds,
+    wan_http,
+    wan_render,
 )
 from bench.machine import ROOT
 from bench.procs import Processes, free_port, rss_mb, wait_listening
@@ -1114,7 +1116,9 @@ def test_wan_merged_answer_check() -> None:
 
 
 def _wan_point(path: str, clients: int, p50: float | None) -> dict[str, Any]:
-    return wan.Point(path, "new per request", clients, 200, 0, p50, None, 0.0, {200: 200}).__dict__
+    return wan_render.Point(
+        path, "new per request", clients, 200, 0, p50, None, 0.0, {200: 200}
+    ).__dict__
 
 
 def test_wan_target_pass_and_miss() -> None:
@@ -1156,12 +1160,14 @@ def test_wan_table_with_merged_points_has_the_target_under_it() -> None:
         | {"router_cpu_us": [2650, 600, 500, 550, 600, 500, 550, 600, 650, 600]},
     ]
     lines, _ = wan_clouds.target_lines(points, 10, 25.0)
-    table = wan.render({"points": points, "notes": [], "merged": {"target": {"lines": lines}}})
+    table = wan_render.render(
+        {"points": points, "notes": [], "merged": {"target": {"lines": lines}}}
+    )
     assert "| merged CloudTwo..CloudTen, TLS between | new per request | 1 | 57.5 |" in table
     assert "| 0 | 1.15 | - | 2650 + 5150 (9 routers) |" in table  # CloudOne + the others
     assert table.endswith("- merged CloudTwo..CloudTen, TLS between, 1 client: p50 57.5 ms: PASS")
     # Two routers: each one's figure, as before
-    two = wan.render(
+    two = wan_render.render(
         {"points": [_wan_point("routers, TLS between", 1, 52.0) | {"router_cpu_us": [900, 600]}]}
     )
     assert "| 900 + 600 |" in two and "Target" not in two
@@ -1183,7 +1189,7 @@ def test_wan_backend_answers_its_clouds_glance_list() -> None:
 
     async def go() -> bytes:
         server = await asyncio.get_running_loop().create_server(
-            lambda: wan._Server("x", json.dumps(wan_clouds.glance_list("CloudThree"))),
+            lambda: wan_http._Server("x", json.dumps(wan_clouds.glance_list("CloudThree"))),
             "127.0.0.1",
             0,
         )

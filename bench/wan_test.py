@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import wan
+from bench import wan, wan_clouds, wan_http, wan_link, wan_render, wan_run
 from scoperouter.config import load_catalog
 from tests.integration.certs import federation_ca, issue
 
@@ -22,16 +22,16 @@ def tcp_packet(flags: int, ihl: int = 5) -> bytes:
 
 
 def test_only_a_connections_first_packet_counts_as_a_handshake() -> None:
-    assert wan.is_syn(tcp_packet(0x02))  # SYN
-    assert wan.is_syn(tcp_packet(0x02, ihl=6))  # with IP options
-    assert not wan.is_syn(tcp_packet(0x12))  # SYN-ACK: the answer
-    assert not wan.is_syn(tcp_packet(0x10))  # ACK
-    assert not wan.is_syn(tcp_packet(0x18))  # data
+    assert wan_link.is_syn(tcp_packet(0x02))  # SYN
+    assert wan_link.is_syn(tcp_packet(0x02, ihl=6))  # with IP options
+    assert not wan_link.is_syn(tcp_packet(0x12))  # SYN-ACK: the answer
+    assert not wan_link.is_syn(tcp_packet(0x10))  # ACK
+    assert not wan_link.is_syn(tcp_packet(0x18))  # data
     udp = bytearray(tcp_packet(0x02))
     udp[9] = 17
-    assert not wan.is_syn(bytes(udp))
-    assert not wan.is_syn(b"\x60" + bytes(60))  # IPv6
-    assert not wan.is_syn(b"\x45")
+    assert not wan_link.is_syn(bytes(udp))
+    assert not wan_link.is_syn(b"\x60" + bytes(60))  # IPv6
+    assert not wan_link.is_syn(b"\x45")
 
 
 @pytest.mark.parametrize("tls", [False, True])
@@ -49,12 +49,12 @@ def test_load_client_against_the_server(tmp_path: Path, tls: bool, new: bool) ->
             ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             ssl_context.load_cert_chain(cert, key)
         server = await loop.create_server(
-            lambda: wan._Server(listener), "127.0.0.1", 0, ssl=ssl_context
+            lambda: wan_http._Server(listener), "127.0.0.1", 0, ssl=ssl_context
         )
         port = server.sockets[0].getsockname()[1]
         scheme = "https" if tls else "http"
         try:
-            return await wan._load(
+            return await wan_http._load(
                 f"{scheme}://127.0.0.1:{port}/v2/images", 3, 30, new, str(ca), {"X-A": "b"}
             )
         finally:
@@ -69,18 +69,18 @@ def test_load_client_against_the_server(tmp_path: Path, tls: bool, new: bool) ->
 
 def test_the_routers_federation_config_loads(tmp_path: Path) -> None:
     args = wan.parse_args([])
-    bench = wan.Wan(args, tmp_path)
+    bench = wan_run.Wan(args, tmp_path)
     bench.ca, bench.certs = federation_ca(
-        tmp_path, {"CloudOne": wan.A_ADDR, "CloudTwo": wan.B_ADDR}
+        tmp_path, {"CloudOne": wan_clouds.A_ADDR, "CloudTwo": wan_clouds.B_ADDR}
     )
     for tls in (False, True):
         catalog = load_catalog(bench.federation(tls))
         two = catalog.endpoint("CloudTwo", "image", "public")
         assert two is not None
-        assert two.url.base == f"http://{wan.B_ADDR}:9292"
+        assert two.url.base == f"http://{wan_clouds.B_ADDR}:9292"
         peer = catalog.clouds["CloudTwo"].peer
         if tls:
-            assert peer is not None and peer.url.base == f"https://{wan.B_ADDR}:9443"
+            assert peer is not None and peer.url.base == f"https://{wan_clouds.B_ADDR}:9443"
             assert catalog.settings.peers.ca == str(bench.ca)
         else:
             assert peer is None
@@ -88,9 +88,9 @@ def test_the_routers_federation_config_loads(tmp_path: Path) -> None:
 
 def test_table_has_ratios_to_the_floor_of_the_same_run() -> None:
     def point(path: str, connection: str, p50: float) -> dict[str, object]:
-        return wan.Point(path, connection, 1, 10, 0, p50, p50 * 1.2, 0.0, {200: 10}).__dict__
+        return wan_render.Point(path, connection, 1, 10, 0, p50, p50 * 1.2, 0.0, {200: 10}).__dict__
 
-    table = wan.render(
+    table = wan_render.render(
         {
             "points": [
                 point("direct plain", "open", 50.0),
