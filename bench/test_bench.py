@@ -46,6 +46,7 @@ from bench import (
     wan_http,
     wan_render,
 )
+from bench import peers_verdict as pv
 from bench.machine import ROOT
 from bench.procs import Processes, free_port, rss_mb, wait_listening
 from scoperouter.config import build_catalog, load_catalog
@@ -427,13 +428,13 @@ def _peer_rows() -> list[dict[str, Any]]:
 
 
 def test_peers_ratios_are_taken_within_each_round_and_judged() -> None:
-    summary = peers.summarize(_peer_rows())
-    router_1000 = peers.find(summary, peers.ROUTER, 1000)
+    summary = pv.summarize(_peer_rows())
+    router_1000 = pv.find(summary, pv.ROUTER, 1000)
     assert router_1000 is not None
     assert router_1000["rps_x_haproxy"] == pytest.approx((0.8 + 0.6) / 2)  # not 24k / 35k
     assert router_1000["p99_x_haproxy"] == pytest.approx(1.4)  # 70 / 50 and 84 / 60
     assert router_1000["rps_min"] == router_1000["rps_max"] == 24_000
-    judged = {t.name: t for t in peers.targets(summary)}
+    judged = {t.name: t for t in pv.targets(summary)}
     assert judged["router req/s vs HAProxy + Lua, 1 conns"].ok is True  # 0.9 / 0.8
     assert judged["router req/s vs HAProxy + Lua, 50 conns"].ok is True  # 0.8 both rounds
     assert judged["router req/s vs HAProxy + Lua, 1,000 conns"].ok is False
@@ -473,23 +474,23 @@ def test_peers_cpu_per_request_is_judged_per_round_against_haproxy() -> None:
     """<= 2.0x HAProxy's CPU per request at 10, 50 and 200 connections: the median of each
     round's ratio (a round's drift falls on both); exactly 2.0x passes."""
     rows = _cpu_rows({10: [60.0, 64.0, 70.0], 50: [64.0, 64.0, 64.0], 200: [90.0, 50.0, 80.0]})
-    judged = {t.name: t for t in peers.targets(peers.summarize(rows))}
+    judged = {t.name: t for t in pv.targets(pv.summarize(rows))}
     cpu = {c: judged[f"router CPU/request vs HAProxy's, {c} conns"] for c in (10, 50, 200)}
     assert cpu[10].ok is True and cpu[10].measured.startswith("2.00x (64.0 vs 32.0 µs)")
     assert cpu[50].ok is True
     assert cpu[200].ok is False and cpu[200].measured.startswith("2.50x")
-    assert peers.find(peers.summarize(rows), peers.ROUTER, 200)["cpu_x_haproxy"] == 2.5
+    assert pv.find(pv.summarize(rows), pv.ROUTER, 200)["cpu_x_haproxy"] == 2.5
     # HAProxy's CPU not measured (a psutil failure): INCONCLUSIVE, not a PASS
     for row in rows:
         if row["path"] == "HAProxy + Lua" and row["connections"] == 50:
             row["cpu_us_per_req"] = None
-    judged = {t.name: t for t in peers.targets(peers.summarize(rows))}
+    judged = {t.name: t for t in pv.targets(pv.summarize(rows))}
     assert judged["router CPU/request vs HAProxy's, 50 conns"].ok is None
 
 
 def test_peers_targets_not_measured_are_na() -> None:
     rows = [r for r in _peer_rows() if r["connections"] != 50 and r["path"] != "HAProxy + Lua"]
-    judged = peers.targets(peers.summarize(rows))
+    judged = pv.targets(pv.summarize(rows))
     assert judged and all(t.ok is None and t.measured == "-" for t in judged)
 
 
@@ -497,15 +498,15 @@ def test_peers_report_is_markdown_with_targets() -> None:
     rows = _peer_rows()
     results = {
         "rows": rows,
-        "summary": peers.summarize(rows),
-        "rss_before": {peers.ROUTER: {"total": 200.0, "main": 70.0, "children": [65.0, 65.0]}},
-        "rss_after": {peers.ROUTER: {"total": 230.0, "main": 70.0, "children": [80.0, 80.0]}},
-        "rss_settled": {peers.ROUTER: {"total": 210.0, "main": 70.0, "children": [70.0, 70.0]}},
+        "summary": pv.summarize(rows),
+        "rss_before": {pv.ROUTER: {"total": 200.0, "main": 70.0, "children": [65.0, 65.0]}},
+        "rss_after": {pv.ROUTER: {"total": 230.0, "main": 70.0, "children": [80.0, 80.0]}},
+        "rss_settled": {pv.ROUTER: {"total": 210.0, "main": 70.0, "children": [70.0, 70.0]}},
     }
     args = peers.parse_args(["--quick", "--connections", "1,50,1000"])
     assert (args.duration, args.rounds, args.conns) == (2.0, 1, [1, 50, 1000])
     results["build"] = {"build": "pure", "compiled": [], "pure": list(build.HOT_MODULES)}
-    text = peers.render(results, args)
+    text = pv.render(results, args)
     lines = text.splitlines()
     assert "- build measured: pure (no compiled module" in text
     assert "### Targets (issues 21 and 31, ratios within this run)" in text
@@ -520,7 +521,7 @@ def test_peers_report_is_markdown_with_targets() -> None:
     assert any(line.startswith("| --- | ---: |") for line in lines)
     assert "| router CPU/request at 1,000 conns vs at 50 | <= 1.2x | 1.10x" in text
     assert "MISS |" in text and "PASS |" in text
-    settled = f"| router RSS {peers.SETTLE_S:g} s after the last point vs before the run"
+    settled = f"| router RSS {pv.SETTLE_S:g} s after the last point vs before the run"
     assert f"{settled} | <= +10% | +5.0%" in text
     assert (
         "- scoperouter RSS: 200 (workers 65 / 65) MB before the run" in text
@@ -531,18 +532,18 @@ def test_peers_report_is_markdown_with_targets() -> None:
 def test_peers_memory_back_to_its_baseline_is_judged() -> None:
     """Issue 32: the router's RSS after the run settles, against before it: PASS within the
     allowed growth, MISS past it, INCONCLUSIVE when either was not sampled."""
-    before = {peers.ROUTER: {"total": 200.0, "main": 70.0, "children": [65.0, 65.0]}}
+    before = {pv.ROUTER: {"total": 200.0, "main": 70.0, "children": [65.0, 65.0]}}
 
     def judged(total: float | None) -> Any:
-        settled = {peers.ROUTER: {"total": total, "main": 70.0, "children": [80.0, 80.0]}}
-        return peers.memory_target({"rss_before": before, "rss_settled": settled})
+        settled = {pv.ROUTER: {"total": total, "main": 70.0, "children": [80.0, 80.0]}}
+        return pv.memory_target({"rss_before": before, "rss_settled": settled})
 
-    assert judged(200.0 * (1 + peers.TARGET_RSS_GROWTH)).ok is True
+    assert judged(200.0 * (1 + pv.TARGET_RSS_GROWTH)).ok is True
     missed = judged(230.0)
     assert missed.ok is False and missed.measured.startswith("+15.0% (200 (workers 65 / 65)")
     assert judged(None).ok is None and judged(None).measured == "-"
-    assert peers.memory_target({"rss_before": before}).ok is None  # never sampled
-    assert peers.memory_target({}).ok is None
+    assert pv.memory_target({"rss_before": before}).ok is None  # never sampled
+    assert pv.memory_target({}).ok is None
 
 
 def test_the_build_is_named_from_the_hot_modules_files() -> None:
@@ -583,7 +584,7 @@ def test_peers_draws_its_run_as_an_svg_from_its_json(tmp_path: Path) -> None:
     """req/s and CPU per request against connections, one line per path (the direct path has
     no proxy CPU), each point of the run on it; `--plot` draws a --json file, running nothing."""
     rows = _peer_rows()
-    results = {"rows": rows, "summary": peers.summarize(rows), "context": {"cpus": 2}}
+    results = {"rows": rows, "summary": pv.summarize(rows), "context": {"cpus": 2}}
     source = tmp_path / "peers.json"
     source.write_text(json.dumps(results))
     assert peers.main(["--plot", str(source)]) == 0  # next to it, as peers.svg
@@ -1290,13 +1291,13 @@ def test_peers_memory_growth_per_round_is_judged() -> None:
 
     def row(round_: int, conns: int, total: float | None) -> dict[str, Any]:
         rss = None if total is None else {"total": total, "main": 50.0, "children": [40.0]}
-        return {"path": peers.ROUTER, "round": round_, "connections": conns, "rss_mb": rss}
+        return {"path": pv.ROUTER, "round": round_, "connections": conns, "rss_mb": rss}
 
     flat = [row(1, 10, 130.0), row(1, 1000, 157.9), row(2, 1000, 158.0), row(3, 1000, 158.0)]
-    assert peers.rounds_target(flat).ok is True
+    assert pv.rounds_target(flat).ok is True
     leak = [row(1, 1000, 150.0), row(2, 1000, 160.0), row(3, 1000, 170.0)]
-    missed = peers.rounds_target(leak)
+    missed = pv.rounds_target(leak)
     assert missed.ok is False and missed.measured.startswith("+13.3% (150 (workers 40) -> 170")
-    assert peers.rounds_target([row(1, 1000, 150.0)]).ok is None  # one round: not computed
-    assert peers.rounds_target([row(1, 1000, None), row(2, 1000, 151.0)]).ok is None
-    assert peers.rounds_target([]).ok is None
+    assert pv.rounds_target([row(1, 1000, 150.0)]).ok is None  # one round: not computed
+    assert pv.rounds_target([row(1, 1000, None), row(2, 1000, 151.0)]).ok is None
+    assert pv.rounds_target([]).ok is None
