@@ -9,7 +9,7 @@ the broker's tests, whose "cloud" is a folder (tests/broker/fakes.py: one file p
 journal of every create and delete). On SQLite one broker, restarted right after each kill; on
 PostgreSQL (a throwaway cluster on loopback, tests/broker/pg.py) two replicas, the killed one
 restarted while the other may pick the operation up (30 % of the kills take both replicas at
-once: then a restarted one must). A platform (:class:`Platform`) sends
+once: then a restarted one must). A platform (:class:`bench.kills_platform.Platform`) sends
 provision, update, bind, unbind and deprovision as Cloud Foundry does (asynchronous, then
 ``last_operation`` polled; a request whose connection died is sent again, to the other replica
 when there is one; an async binding's credentials fetched once it succeeded).
@@ -46,14 +46,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from bench.kills_plan import KINDS, Planner
+from bench.kills_platform import InFlight, Platform
 from bench.kills_verdict import (
     Kill,
     Observed,
     OpResult,
-    PlatformBinding,
-    PlatformView,
     finisher,
     observe,
     scan_log,
@@ -64,25 +62,15 @@ from bench.machine import machine_context
 from bench.procs import interrupt_on_termination
 from bench.report import Target, exit_status, mark, not_passed, overall, table, targets_table
 from scoperouter.broker import migrate
-from scoperouter.broker.osbclient import Answer, OSBClient
 from scoperouter.broker.store import Store
 from scoperouter.broker.tables import IN_PROGRESS
-from tests.broker import fakes
 from tests.broker.pg import Cluster, free_port
 
 with warnings.catch_warnings():  # the tests' conftest imports FastAPI's TestClient (unused
     warnings.simplefilter("ignore")  # here), whose module warns about httpx
-    from tests.broker.conftest import PASSWORD
     from tests.broker.procs import BrokerProcess, write_config
 
-S, P = fakes.SERVICE_ID, fakes.PLAN_ID
-KINDS = ("provision", "update", "bind", "unbind", "deprovision")
 DATABASES = ("sqlite", "postgresql")
-REQUEST_SHARE = 0.15  # kills aimed at the request itself (within its first 50 ms)
-# PostgreSQL: kills that take every replica at once (a restarted one must then finish the
-# operation; otherwise the other replica, up all along, takes it as soon as the lease expires)
-EVERY_REPLICA_SHARE = 0.3
-POLL_MAX = 0.5  # the platform polls at most this far apart (Retry-After is honoured below it)
 
 
 def say(message: str) -> None:
@@ -178,234 +166,6 @@ class Deployment:
     def close(self) -> None:
         self.stop()
         self.store.dispose()
-
-
-# ---------------------------------------------------------------------------- platform
-
-
-class PlatformGaveUp(RuntimeError):
-    pass
-
-
-@dataclass
-class InFlight:
-    """What the kill thread may know of the operation the platform is running."""
-
-    answered: threading.Event = field(default_factory=threading.Event)
-    operation: str | None = None
-    target: int = 0  # the broker (index) the request was last sent to
-
-
-class Platform:
-    """What Cloud Foundry does with a broker: async requests, ``last_operation`` polled, a
-    request whose connection failed sent again (to the next broker: a load balancer)."""
-
-    def __init__(self, urls: list[str], timeout: float) -> None:
-        self.clients = [OSBClient(u, "broker", PASSWORD, timeout=30) for u in urls]
-        self.turn = 0
-        self.timeout = timeout
-        self.view = PlatformView()
-
-    def close(self) -> None:
-        for client in self.clients:
-            client.close()
-
-    def _call(self, flight: InFlight, name: str, *args: Any, **kwargs: Any) -> Answer:
-        end = time.monotonic() + self.timeout
-        while True:
-            index = self.turn % len(self.clients)
-            flight.target = index
-            try:
-                return getattr(self.clients[index], name)(*args, **kwargs)  # type: ignore[no-any-return]
-            except httpx.TransportError:
-                if time.monotonic() > end:
-                    raise PlatformGaveUp(f"{name}: no broker answered") from None
-                self.turn += 1
-                time.sleep(0.2)
-
-    def _poll(self, flight: InFlight, instance: str, binding: str | None) -> tuple[str, str]:
-        end = time.monotonic() + self.timeout
-        while True:
-            answer = self._call(flight, "last_operation", instance, flight.operation, binding)
-            if answer.status == 410:
-                return "gone", ""
-            if answer.status != 200 or not isinstance(answer.body, dict):
-                return "error", f"last_operation answered {answer.status}: {answer.body}"
-            state = str(answer.body.get("state"))
-            if state != IN_PROGRESS:
-                return state, str(answer.body.get("description", ""))
-            if time.monotonic() > end:
-                return "timeout", str(answer.body.get("description", ""))
-            try:
-                delay = float(answer.headers.get("retry-after", "1"))
-            except ValueError:
-                delay = 1.0
-            time.sleep(max(0.05, min(delay, POLL_MAX)))
-
-    def run(self, kind: str, spec: dict[str, Any], flight: InFlight) -> OpResult:
-        instance, binding = spec["instance"], spec.get("binding")
-        started = time.monotonic()
-        result = OpResult(kind, instance, binding, None, "error")
-        try:
-            result.state, result.description = self._run(kind, spec, flight)
-        except PlatformGaveUp as exc:
-            result.state, result.description = "timeout", str(exc)
-        result.operation = flight.operation
-        result.seconds = round(time.monotonic() - started, 2)
-        return result
-
-    def _run(self, kind: str, spec: dict[str, Any], flight: InFlight) -> tuple[str, str]:
-        instance, binding = str(spec["instance"]), str(spec.get("binding", ""))
-        params = spec.get("parameters")
-        view = self.view
-        if kind == "provision":
-            answer = self._call(flight, "provision", instance, S, P, params)
-        elif kind == "update":
-            answer = self._call(flight, "update", instance, S, None, params)
-        elif kind == "bind":
-            answer = self._call(flight, "bind", instance, binding, S, P, params)
-        elif kind == "unbind":
-            answer = self._call(flight, "unbind", instance, binding, S, P)
-        else:
-            answer = self._call(flight, "deprovision", instance, S, P)
-        flight.operation = answer.operation
-        flight.answered.set()
-        if answer.status == 202:
-            state, description = self._poll(
-                flight, instance, binding if kind in ("bind", "unbind") else None
-            )
-        elif answer.status in (200, 201):
-            state, description = "succeeded", "answered at once"
-        elif answer.status == 410 and kind in ("unbind", "deprovision"):
-            state, description = "gone", ""
-        else:
-            return "error", f"{kind} answered {answer.status}: {answer.body}"
-        done = state == "succeeded" or (state == "gone" and kind in ("unbind", "deprovision"))
-        if kind == "provision" and state in ("succeeded", "failed"):
-            view.instances[instance] = True  # a failed one exists until the platform deletes it
-        elif kind == "bind" and state == "succeeded":
-            creds = answer.body.get("credentials") if answer.status in (200, 201) else None
-            if creds is None:
-                got = self._call(flight, "get_binding", instance, binding)
-                creds = got.body.get("credentials") if isinstance(got.body, dict) else None
-            password = creds.get("password") if isinstance(creds, dict) else None
-            view.bindings[binding] = PlatformBinding(instance, True, password)
-        elif kind == "bind" and state == "failed":
-            view.bindings[binding] = PlatformBinding(instance, True, None)
-        elif kind == "unbind" and done:
-            view.bindings[binding].exists = False
-        elif kind == "deprovision" and done:
-            view.instances[instance] = False
-            for b in view.bindings.values():
-                if b.instance_id == instance:
-                    b.exists = False
-        return state, description
-
-
-# ----------------------------------------------------------------------------- the plan
-
-
-class Planner:
-    """The operations and kill points, drawn from one seeded generator in a fixed order."""
-
-    def __init__(self, rng: random.Random, view: PlatformView) -> None:
-        self.rng = rng
-        self.view = view
-        self.kept: set[str] = set()  # the set-up's instances and bindings: never deleted
-        self.sizes: dict[str, int] = {}
-        self.killed: dict[str, int] = dict.fromkeys(KINDS, 0)
-        self.params: dict[str, dict[str, Any]] = {}
-        self.count = 0
-        self.with_bindings = 0  # deprovisions of an instance with bindings left
-        self.prelude: list[tuple[str, dict[str, Any]]] = []  # unkilled, before the next kill
-
-    def new_id(self, prefix: str) -> str:
-        self.count += 1
-        return f"{prefix}{self.count:03d}"
-
-    def provision_params(self, quick: bool = False) -> dict[str, Any]:
-        r = self.rng
-        if quick:  # one pass, no wait after the create; its updates still take a while
-            return {"size": 1, "sleep": round(r.uniform(0.05, 0.4), 3)}
-        return {
-            "size": 1,
-            "steps": r.randint(1, 3),
-            "sleep": round(r.uniform(0.05, 0.4), 3),
-            "sleep_after": round(r.uniform(0.0, 0.4), 3),
-            "deprovision_sleep": round(r.uniform(0.1, 0.6), 3),
-        }
-
-    def bind_params(self, quick: bool = False) -> dict[str, Any]:
-        r = self.rng
-        if quick:
-            return {}
-        return {
-            "sleep": round(r.uniform(0.05, 0.4), 3),
-            "sleep_after": round(r.uniform(0.0, 0.4), 3),
-            "unbind_sleep": round(r.uniform(0.1, 0.5), 3),
-        }
-
-    def next(self) -> tuple[str, dict[str, Any], float]:
-        """The next killed operation: (kind, spec, how long it should take, seconds)."""
-        r = self.rng
-        provisioned = sorted(i for i in self.view.live_instances())
-        deletable = [i for i in provisioned if i not in self.kept]
-        bound = sorted(b for b in self.view.live_bindings() if b not in self.kept)
-        possible = ["provision"]
-        possible += ["update", "bind"] if provisioned else []
-        possible += ["deprovision"] if deletable else []
-        possible += ["unbind"] if bound else []
-        least = min(self.killed[k] for k in possible)
-        kind = r.choice([k for k in possible if self.killed[k] == least])
-        self.killed[kind] += 1
-        if kind == "provision":
-            instance = self.new_id("i")
-            params = self.provision_params()
-            self.params[instance] = params
-            self.sizes[instance] = 1
-            window = params["steps"] * (params["sleep"] + 0.05) + params["sleep_after"]
-            return kind, {"instance": instance, "parameters": params}, window
-        if kind == "update":
-            instance = r.choice(provisioned)
-            size = self.sizes.get(instance, 1) + r.randint(1, 9)
-            self.sizes[instance] = size
-            sleep = float(self.params.get(instance, {}).get("sleep", 0.0))
-            return kind, {"instance": instance, "parameters": {"size": size}}, sleep
-        if kind == "bind":
-            instance = r.choice(provisioned)
-            binding = self.new_id("b")
-            params = self.bind_params()
-            self.params[binding] = params
-            window = params["sleep"] + params["sleep_after"]
-            return kind, {"instance": instance, "binding": binding, "parameters": params}, window
-        if kind == "unbind":
-            binding = r.choice(bound)
-            instance = self.view.bindings[binding].instance_id
-            window = float(self.params.get(binding, {}).get("unbind_sleep", 0.0))
-            return kind, {"instance": instance, "binding": binding}, window
-        instance = r.choice(deletable)
-        # half the deprovisions are of an instance with a binding the platform did not unbind
-        # (OSB allows it; the service must remove its credential with the instance): bound
-        # first, without a kill, when it has none
-        if r.random() < 0.5:
-            self.with_bindings += 1
-            bound_to = {v.instance_id for v in self.view.bindings.values() if v.exists}
-            if instance not in bound_to:
-                binding = self.new_id("b")
-                spec = {"instance": instance, "binding": binding, "parameters": {}}
-                self.prelude.append(("bind", spec))
-        window = float(self.params.get(instance, {}).get("deprovision_sleep", 0.0))
-        return kind, {"instance": instance}, window
-
-    def kill_delay(self, window: float) -> tuple[float, float, bool]:
-        """(seconds after the request is sent, a draw to pick a replica when nothing else
-        does, whether every replica goes): a share of the kills within the request's first
-        50 ms, the rest anywhere in the operation (and a little after)."""
-        u, d, pick = self.rng.random(), self.rng.random(), self.rng.random()
-        every = self.rng.random() < EVERY_REPLICA_SHARE
-        if u < REQUEST_SHARE:
-            return d * 0.05, pick, every
-        return d * (window + 0.1), pick, every
 
 
 # ------------------------------------------------------------------------------ the run

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 
 from bench import chaos_verdict as cv
-from bench.chaos import FAULTS, Kind, parse_args, wrong_images
+from bench.chaos import FAULTS, parse_args
+from bench.chaos_clients import Kind, wrong_images
 from bench.soak_verdict import LogFindings
 
 ROUTER_ERROR = json.dumps({"error": {"code": 502, "title": "Bad Gateway", "message": "x"}})

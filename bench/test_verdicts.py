@@ -19,8 +19,8 @@ from bench import chaos_verdict as cv
 from bench.kills import DbRun, summary
 from bench.load import LoadResult
 from bench.report import INCONCLUSIVE, Target, exit_status, not_passed
-from bench.test_bench import _record
 from bench.test_chaos import clean_record
+from bench.test_soak import _record
 
 
 def _rows(record: soak_verdict.Record) -> dict[str, Target]:

@@ -17,6 +17,8 @@ must be placed here); no import cycle; no module over 600 lines. The tables and 
 (``Instance``, ``GONE``, ``utcnow``...) are imported from ``scoperouter.broker.tables``, where
 they are defined, never through ``scoperouter.broker.store`` (the queries), anywhere in the
 package, bench/, tests/ or lab/.
+
+The benches (bench/, their tests included): no import cycle, no module over 600 lines.
 """
 
 from __future__ import annotations
@@ -133,6 +135,18 @@ def test_no_module_of_the_router_is_over_600_lines() -> None:
         if (n := len(path.read_text().splitlines())) > 600
     }
     assert not long, long
+
+
+def test_no_module_of_the_bench_is_over_600_lines_nor_in_an_import_cycle() -> None:
+    """bench/ is held to the package's standard (STANDARDS.md): no module over 600 lines, its
+    tests included, and no import cycle among its modules, function-level imports included."""
+    modules = {_module(path): path for path in sorted((ROOT / "bench").rglob("*.py"))}
+    long = {m: n for m, path in modules.items() if (n := len(path.read_text().splitlines())) > 600}
+    edges = {
+        m: {n for n in _imports(path) if n in modules and n != m} for m, path in modules.items()
+    }
+    assert len(modules) > 40 and not long, long
+    assert not cycles(edges)
 
 
 def test_the_reverse_path_runs_without_mitmproxy(tmp_path: Path) -> None:
