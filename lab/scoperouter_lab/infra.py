@@ -88,8 +88,15 @@ def pins_text() -> str:
 
 
 def venv_state(paths: LabPaths) -> str:
-    """What the venv marker must say for the venv to count as installed."""
-    return hashlib.sha256((pins_text() + sys.version + str(paths.venv)).encode()).hexdigest()
+    """What the venv marker must say for the venv to count as installed: the pin list, the
+    Python the venv runs on (its pyvenv.cfg) and its place. Not the Python running the lab: a
+    lab started from another virtualenv (a Python 3.12 one beside Debian's 3.11) uses the same
+    OpenStack venv, which must not be pip-installed again at each switch."""
+    try:
+        python = (paths.venv / "pyvenv.cfg").read_text()
+    except OSError:
+        python = ""  # no venv: no marker either
+    return hashlib.sha256((pins_text() + python + str(paths.venv)).encode()).hexdigest()
 
 
 def venv_ready(paths: LabPaths) -> bool:
