@@ -403,20 +403,12 @@ def _combined(
 _HOP_TEXT_MAX = 64
 _HOP_TEXT = tuple(str(n) for n in range(_HOP_TEXT_MAX + 1))
 
-# Forward(...) with keyword arguments makes Python pack them into a dict before calling
-# __init__ (a class call has no fast path for keywords): ~4x the cost of the object itself.
-# Calling the same __init__ on a new object directly is the same construction, without it.
-_new = object.__new__
-_init_forward = Forward.__init__
-
 
 def _to_backend(
     match: Match, local: Endpoint, set_headers: dict[str, str], scope: Scope | None = None
 ) -> Forward:
     """Deliver to a backend of this cloud."""
-    forward: Forward = _new(Forward)
-    _init_forward(
-        forward,
+    return Forward(
         cloud=local.cloud,
         service_type=local.service_type,
         interface=local.interface,
@@ -425,7 +417,6 @@ def _to_backend(
         set_headers=set_headers,
         scope=scope,
     )
-    return forward
 
 
 def _to_router(
@@ -447,9 +438,7 @@ def _to_router(
         base = remote.url.base
         url = peer.url.base + url[len(base) :]
         set_headers = {**set_headers, FRONTEND_HEADER: base}
-    forward: Forward = _new(Forward)
-    _init_forward(
-        forward,
+    return Forward(
         cloud=remote.cloud,
         service_type=remote.service_type,
         interface=remote.interface,
@@ -460,7 +449,6 @@ def _to_router(
         swap_tokens=swaps,
         catalog_region=region,
     )
-    return forward
 
 
 def _other_scope(headers: Mapping[str, str], service_type: str) -> tuple[str | None, str]:
