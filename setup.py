@@ -88,23 +88,24 @@ def _extension_names() -> list[str]:
     return [_build.SHARED_LIBRARY, *_build.COMPILED_MODULES]
 
 
-def _inplace_files() -> list[Path]:
-    """The extension modules an editable build of this interpreter put in the source tree."""
+def _extension_files(base: Path) -> list[Path]:
+    """This interpreter's extension modules of the package under `base` (the source tree of
+    an editable install, or a wheel's build/lib)."""
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     return [
-        ROOT.joinpath(*name.split(".")[:-1], name.split(".")[-1] + suffix)
+        base.joinpath(*name.split(".")[:-1], name.split(".")[-1] + suffix)
         for name in _extension_names()
     ]
 
 
 def _go_pure(why: str, root: Path, editable: bool, warn: bool = True) -> None:
-    """Record a pure build under `root` (and, editable, remove this interpreter's extension
-    modules of an earlier build from the source tree: they would be stale)."""
+    """Record a pure build under `root` (the package dir), and remove this interpreter's
+    extension modules of an earlier build from beside it (the source tree, or a wheel's
+    build/lib: they would be stale, or travel in a pure wheel)."""
     if warn:
         say(f"WARNING: scoperouter is installed pure Python, not compiled: {why}")
-    if editable:
-        for file in _inplace_files():
-            file.unlink(missing_ok=True)
+    for file in _extension_files(root.parent):
+        file.unlink(missing_ok=True)
     root.mkdir(parents=True, exist_ok=True)
     if not editable:
         (root / _build.RECORD).unlink(missing_ok=True)  # this build's record only
