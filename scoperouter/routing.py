@@ -89,7 +89,8 @@ class RequestFacts:
     mode: Mode = "reverse"
 
 
-@dataclass(slots=True, kw_only=True)
+# __init__ written out: dataclasses' is Python even compiled (decide() 1.30 -> 0.66 us mypyc)
+@dataclass(slots=True, kw_only=True, init=False)
 class Forward:
     """Send the request to `url` with these header edits."""
 
@@ -109,6 +110,18 @@ class Forward:
     # region only; the proxy adds this region's name to each endpoint so local services, which
     # filter the catalog by their own region, find the endpoints (no OpenStack code patched).
     catalog_region: str | None = None
+
+    # fmt: off
+    def __init__(
+        self, *, cloud: str, service_type: str, interface: str, remote: bool, url: str,
+        set_headers: Mapping[str, str] | None = None, scope: Scope | None = None,
+        swap_tokens: frozenset[str] = frozenset(), catalog_region: str | None = None,
+    ) -> None:
+        self.cloud, self.service_type, self.interface = cloud, service_type, interface
+        self.remote, self.url, self.scope = remote, url, scope
+        self.set_headers = {} if set_headers is None else set_headers  # None: a new dict
+        self.swap_tokens, self.catalog_region = swap_tokens, catalog_region
+    # fmt: on
 
 
 Decision = Forward | Reject
