@@ -340,7 +340,7 @@ class Memo:
         return len(self._items)
 
 
-@dataclass(slots=True)  # built per request: see routing.Forward on frozen dataclasses
+@dataclass(slots=True, init=False)  # built per request: see routing.Forward on __init__
 class Match:
     """The endpoint a URL targets, whether it was addressed by its public URL or its backend,
     and the rest of the path after the endpoint's prefix (query string included).
@@ -354,6 +354,18 @@ class Match:
     kind: Literal["public", "backend"]
     rest: str
     versionless: bool = False
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        kind: Literal["public", "backend"],
+        rest: str,
+        versionless: bool = False,
+    ) -> None:
+        self.endpoint = endpoint
+        self.kind = kind
+        self.rest = rest
+        self.versionless = versionless
 
     def target(self, url: URL) -> str:
         """The request's URL moved onto `url` (another URL of the same service)."""

@@ -89,7 +89,8 @@ class RequestFacts:
     mode: Mode = "reverse"
 
 
-@dataclass(slots=True, kw_only=True)
+# __init__ written out: dataclasses' is Python even compiled (decide() 1.30 -> 0.66 us mypyc)
+@dataclass(slots=True, kw_only=True, init=False)
 class Forward:
     """Send the request to `url` with these header edits."""
 
@@ -109,6 +110,18 @@ class Forward:
     # region only; the proxy adds this region's name to each endpoint so local services, which
     # filter the catalog by their own region, find the endpoints (no OpenStack code patched).
     catalog_region: str | None = None
+
+    # fmt: off
+    def __init__(
+        self, *, cloud: str, service_type: str, interface: str, remote: bool, url: str,
+        set_headers: Mapping[str, str] | None = None, scope: Scope | None = None,
+        swap_tokens: frozenset[str] = frozenset(), catalog_region: str | None = None,
+    ) -> None:
+        self.cloud, self.service_type, self.interface = cloud, service_type, interface
+        self.remote, self.url, self.scope = remote, url, scope
+        self.set_headers = {} if set_headers is None else set_headers  # None: a new dict
+        self.swap_tokens, self.catalog_region = swap_tokens, catalog_region
+    # fmt: on
 
 
 Decision = Forward | Reject
@@ -403,20 +416,12 @@ def _combined(
 _HOP_TEXT_MAX = 64
 _HOP_TEXT = tuple(str(n) for n in range(_HOP_TEXT_MAX + 1))
 
-# Forward(...) with keyword arguments makes Python pack them into a dict before calling
-# __init__ (a class call has no fast path for keywords): ~4x the cost of the object itself.
-# Calling the same __init__ on a new object directly is the same construction, without it.
-_new = object.__new__
-_init_forward = Forward.__init__
-
 
 def _to_backend(
     match: Match, local: Endpoint, set_headers: dict[str, str], scope: Scope | None = None
 ) -> Forward:
     """Deliver to a backend of this cloud."""
-    forward: Forward = _new(Forward)
-    _init_forward(
-        forward,
+    return Forward(
         cloud=local.cloud,
         service_type=local.service_type,
         interface=local.interface,
@@ -425,7 +430,6 @@ def _to_backend(
         set_headers=set_headers,
         scope=scope,
     )
-    return forward
 
 
 def _to_router(
@@ -447,9 +451,7 @@ def _to_router(
         base = remote.url.base
         url = peer.url.base + url[len(base) :]
         set_headers = {**set_headers, FRONTEND_HEADER: base}
-    forward: Forward = _new(Forward)
-    _init_forward(
-        forward,
+    return Forward(
         cloud=remote.cloud,
         service_type=remote.service_type,
         interface=remote.interface,
@@ -460,7 +462,6 @@ def _to_router(
         swap_tokens=swaps,
         catalog_region=region,
     )
-    return forward
 
 
 def _other_scope(headers: Mapping[str, str], service_type: str) -> tuple[str | None, str]:

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import ItemsView, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
+from dataclasses import dataclass
+from typing import Any, Final, NamedTuple
 
 SCOPE_SEPARATOR = "!SCOPE!"
 MAX_SCOPE_LENGTH = 8192
@@ -244,8 +244,10 @@ def _combine(kind: type[AllOf] | type[AnyOf], parts: list[Expr]) -> Expr:
     return kind(tuple(flat))
 
 
-def parse_expression(text: str) -> Expr:
-    """Parse one expression (``"CloudOne"``, ``"A | (B & C)"``); raises ScopeError."""
+def parse_expression(text: object) -> Expr:
+    """Parse one expression (``"CloudOne"``, ``"A | (B & C)"``); raises ScopeError, whatever
+    `text` is (a scope's JSON may hold any value: the compiled build checks a ``str``
+    parameter's type itself, with a TypeError)."""
     if not isinstance(text, str):
         raise ScopeError(
             f"an expression must be a string of cloud names, not {type(text).__name__}"
@@ -258,18 +260,37 @@ def parse_expression(text: str) -> Expr:
     return _Parser(text).parse()
 
 
-@dataclass(frozen=True, slots=True)
-class Scope(Mapping[str, Expr]):
+class Scope:
     """An immutable mapping service type -> expression, kept sorted for a canonical form.
 
     Lookups are O(1) (an index beside the sorted pairs): a scope may name up to
-    ``MAX_SCOPE_ENTRIES`` service types, and Mapping's ``items()`` looks each key up."""
+    ``MAX_SCOPE_ENTRIES`` service types, and Mapping's ``items()`` looks each key up.
 
-    items_: tuple[tuple[str, Expr], ...] = ()
-    _index: dict[str, Expr] = field(init=False, repr=False, compare=False, hash=False)
+    A plain class registered as a :class:`~collections.abc.Mapping` (``isinstance`` holds), not
+    a subclass of it: mypyc compiles it as a native class (issue 31), which cannot derive from
+    Mapping's ABC. Immutable as the frozen dataclass it was: its attributes are ``Final``
+    (mypy refuses an assignment), equal when their entries are, hashable."""
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_index", dict(self.items_))
+    __slots__ = ("_index", "items_")
+
+    def __init__(self, items_: tuple[tuple[str, Expr], ...] = ()) -> None:
+        self.items_: Final = items_
+        self._index: Final = dict(items_)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Scope):
+            return self.items_ == other.items_
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.items_)
+
+    def __repr__(self) -> str:
+        return f"Scope(items_={self.items_!r})"
+
+    def __reduce__(self) -> tuple[type[Scope], tuple[tuple[tuple[str, Expr], ...]]]:
+        """Copied and pickled by its entries (compiled, its attributes are read-only)."""
+        return Scope, (self.items_,)
 
     @classmethod
     def of(cls, entries: Mapping[str, Expr] | Iterable[tuple[str, Expr]]) -> Scope:
@@ -359,6 +380,15 @@ class Scope(Mapping[str, Expr]):
     def items(self) -> ItemsView[str, Expr]:
         return self._index.items()
 
+    def keys(self) -> KeysView[str]:
+        return self._index.keys()
+
+    def values(self) -> ValuesView[Expr]:
+        return self._index.values()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._index
+
     def __iter__(self) -> Iterator[str]:
         return (k for k, _ in self.items_)
 
@@ -367,6 +397,9 @@ class Scope(Mapping[str, Expr]):
 
     def __str__(self) -> str:
         return self.to_json()
+
+
+Mapping.register(Scope)
 
 
 def split_token(value: str) -> tuple[str, str | None]:

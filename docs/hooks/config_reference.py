@@ -28,6 +28,7 @@ import re
 import sys
 from collections.abc import Iterator
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from scoperouter.catalog import Cloud, Endpoint, Frontend, Settings
@@ -95,7 +96,10 @@ class ReferenceDrift(Exception):
 
 @cache
 def _module_tree(module: str) -> ast.Module:
-    return ast.parse(inspect.getsource(sys.modules[module]))
+    """The module's source, read from its .py: a compiled module (mypyc's extension module,
+    scoperouter._build) has none for inspect.getsource, and its .py is beside it."""
+    file = Path(sys.modules[module].__file__ or "")
+    return ast.parse(file.with_name(file.name.split(".", 1)[0] + ".py").read_text())
 
 
 def attribute_docs(cls: type) -> dict[str, str]:

@@ -44,6 +44,7 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from scoperouter import build, build_line
 from scoperouter.catalog import Catalog
 from scoperouter.config import parse_catalog, read_config
 from scoperouter.errors import ConfigError
@@ -224,7 +225,7 @@ class Supervisor:
                 cloud,
                 len(self.slots),
                 "s" if len(self.slots) != 1 else "",
-                ", ".join(f"{h}:{p}" for h, p in addresses),
+                ", ".join(f"{h}:{p}" for h, p in addresses) + f"; build {build_line()}",
                 f"; metrics and health on {self.status_server.address}"
                 if self.status_server
                 else "",
@@ -469,6 +470,7 @@ class Supervisor:
             "status": status,
             "cloud": self.options.cloud,
             "event_loop": self.event_loop,
+            "build": build(),
             "workers": workers,
             "upstreams_down": self._upstreams_down(),
         }

@@ -89,7 +89,7 @@ class Incoming:
     stripped: tuple[str, ...] = ()  # identity fields the HTTP layer dropped (their names)
 
 
-@dataclass(slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True, init=False)  # __init__ written out: see routing.Forward
 class Plan:
     """A request ready to go to one upstream."""
 
@@ -102,6 +102,29 @@ class Plan:
     target: str  # path and query
     connect_timeout: float
     response_timeout: float
+
+    def __init__(
+        self,
+        *,
+        state: RequestState,
+        decision: Forward,
+        edits: dict[str, str] | None = None,
+        scheme: str,
+        host: str,
+        port: int,
+        target: str,
+        connect_timeout: float,
+        response_timeout: float,
+    ) -> None:
+        self.state = state
+        self.decision = decision
+        self.edits = {} if edits is None else edits
+        self.scheme = scheme
+        self.host = host
+        self.port = port
+        self.target = target
+        self.connect_timeout = connect_timeout
+        self.response_timeout = response_timeout
 
 
 @dataclass(frozen=True, slots=True)

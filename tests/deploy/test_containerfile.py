@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import configparser
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -18,6 +19,8 @@ from typing import Any
 
 import pytest
 from dockerfile_parse import DockerfileParser  # type: ignore[import-untyped]
+
+from scoperouter._build import COMPILED_MODULES, SHARED_LIBRARY
 
 REPO = Path(__file__).resolve().parents[2]
 CONTAINERFILE = REPO / "Containerfile"
@@ -68,6 +71,17 @@ def test_build_stage_builds_the_wheel_and_installs_it_with_the_router_and_broker
     assert "pip wheel" in run or "python -m build" in run
     assert f"python -m venv {VENV}" in run
     assert "[router,broker]" in run  # the base install has no router (mitmproxy, httptools)
+
+
+def test_build_stage_compiles_the_hot_path() -> None:
+    """mypyc's C needs a compiler in the build stage (the slim image has none), and the wheel
+    must come out compiled or the image build fails (SCOPEROUTER_BUILD=compiled)."""
+    build = _stages()[0]
+    run = " ".join(_of(build, "RUN"))
+    assert "gcc" in shlex.split(run) and "libc6-dev" in shlex.split(run)
+    assert "SCOPEROUTER_BUILD=compiled python -m pip wheel" in run
+    copied = [src for value in _of(build, "COPY") for src in _copy_args(value)[1]]
+    assert "setup.py" in copied
 
 
 def test_every_copy_source_exists() -> None:
@@ -167,7 +181,8 @@ def test_the_wheel_builds_from_exactly_the_copied_files(tmp_path: Path) -> None:
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(context)],
         check=True,
-        timeout=300,
+        timeout=600,
+        env={**os.environ, "SCOPEROUTER_BUILD": "compiled"},  # as the build stage: must compile
     )
     [wheel] = wheels.glob("scoperouter-*.whl")
     with zipfile.ZipFile(wheel) as zf:
@@ -177,6 +192,13 @@ def test_the_wheel_builds_from_exactly_the_copied_files(tmp_path: Path) -> None:
         assert "scoperouter = scoperouter.cli:main" in zf.read(entry_points).decode()
         assert "Provides-Extra: broker" in zf.read(metadata).decode()
         assert "Provides-Extra: router" in zf.read(metadata).decode()
+        record = json.loads(zf.read("scoperouter/_build.json"))
     # the broker's migrations travel in the wheel (`broker db upgrade` in the image needs them)
     assert any(n.startswith("scoperouter/broker/migrations/versions/") for n in names)
     assert "scoperouter/broker/migrations/script.py.mako" in names
+    # the compiled hot path (setup.py, mypyc): every module's extension module, and the record
+    # of what they were compiled from (scoperouter._build), for this interpreter only
+    [entry] = record.values()
+    assert entry["build"] == "compiled"
+    assert set(entry["extensions"]) == {*COMPILED_MODULES, SHARED_LIBRARY}
+    assert {f"scoperouter/{f}" for f in entry["extensions"].values()} <= set(names)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import ssl
 import time
 from pathlib import Path
@@ -52,7 +53,9 @@ class _Transport:
 def _pool(warm: int = 2) -> Pool:
     pool = Pool()
     _configure(pool, {PEER: WarmSpec(warm, 5.0, 54.0)})
-    pool.refill = lambda origin: None  # type: ignore[method-assign]  # opens nothing here
+    # Opens nothing ahead here (no event loop): the peer's next connect is never due. Not a
+    # method patched on the pool: compiled (mypyc), its methods cannot be replaced.
+    pool.warm[PEER].retry_at = math.inf
     return pool
 
 

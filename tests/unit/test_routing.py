@@ -484,7 +484,7 @@ def test_the_memo_has_a_budget(catalog: Catalog) -> None:
     ],
 )
 def test_every_field_of_a_forward_is_set(catalog: Catalog, f: RequestFacts) -> None:
-    """decide() builds Forward without its keyword call (routing._to_backend): the result must
-    be the object the keyword call makes, every field set."""
+    """decide()'s Forward (routing._to_backend, _to_router) is the object a keyword call with
+    its fields makes: every field set."""
     d = forward(catalog, f)
-    assert Forward(**dataclasses.asdict(d) | {"scope": d.scope}) == d
+    assert Forward(**{field.name: getattr(d, field.name) for field in dataclasses.fields(d)}) == d

@@ -75,7 +75,7 @@ def test_depth_is_bounded() -> None:
 
 def test_non_string_expression_is_refused() -> None:
     with pytest.raises(ScopeError, match="must be a string"):
-        parse_expression(42)  # type: ignore[arg-type]
+        parse_expression(42)
 
 
 def test_scope_parse_and_canonical_json() -> None:
