@@ -188,7 +188,7 @@ def collect(catalog: Catalog, clouds: Sequence[str], timeout: float) -> list[Row
     for name in clouds:
         address = address_of(catalog.clouds[name])
         if address is None:
-            rows[name] = Row(name, "unmonitored", error="no metrics.listen in the config")
+            rows[name] = Row(name, "unmonitored", error="no metrics.listen")
         else:
             asked[name] = address
 

@@ -27,7 +27,7 @@ table{border-collapse:collapse;width:100%}th,td{text-align:left;padding:3px 6px;
 border-bottom:1px solid #eaeef2;white-space:nowrap}th{font-weight:600}
 .ok{color:#1a7f37;font-weight:600}.bad{color:#cf222e;font-weight:600}
 .warn{color:#9a6700;font-weight:600}.muted{color:#57606a}
-.kv td:first-child{color:#57606a}
+.kv td{white-space:normal}.kv td:first-child{color:#57606a;white-space:nowrap}
 @media (max-width:600px){.grid{grid-template-columns:1fr}body{padding:6px}}
 """
 
@@ -181,7 +181,7 @@ def _upstreams(upstreams: Sequence[Mapping[str, Any]]) -> str:
 
 def _routes(routes: Sequence[Mapping[str, Any]], latency: Sequence[Mapping[str, Any]]) -> str:
     rows = [
-        f"<tr><td>{_e(r.get('service', ''))}</td><td>{_e(r.get('cloud', ''))}</td>"
+        f"<tr><td>{_service(r.get('service', ''))}</td><td>{_e(r.get('cloud', ''))}</td>"
         f"<td>{_num(r.get('requests_per_second'), 2)}</td>"
         f'<td class="{_good(not r.get("errors"))}">{_pct(r.get("error_ratio"))}</td></tr>'
         for r in routes[:ROWS_MAX]
@@ -200,6 +200,11 @@ def _routes(routes: Sequence[Mapping[str, Any]], latency: Sequence[Mapping[str, 
     ]
     lat = _table("latency", ("service", "p50", "p99"), lat_rows, "", len(latency))
     return _section("Requests by service and destination cloud", "routes", table + lat)
+
+
+def _service(name: Any) -> str:
+    """A service type; ``-`` (no service: refused before routing) said so."""
+    return "(refused)" if name == "-" else _e(name)
 
 
 def _certificates(certs: Sequence[Mapping[str, Any]]) -> str:

@@ -77,7 +77,7 @@ def test_whatever_a_router_answers_is_checked_and_shortened() -> None:
 
 def test_down_and_unmonitored_routers() -> None:
     down = Row("CloudTwo", "down", address="127.0.0.3:9180", error="connection refused")
-    unmonitored = Row("CloudDown", "unmonitored", error="no metrics.listen in the config")
+    unmonitored = Row("CloudDown", "unmonitored", error="no metrics.listen")
     assert problems([down, unmonitored], 14) == [
         "CloudTwo: router down at 127.0.0.3:9180 (connection refused)"
     ]
