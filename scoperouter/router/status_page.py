@@ -27,7 +27,8 @@ table{border-collapse:collapse;width:100%}th,td{text-align:left;padding:3px 6px;
 border-bottom:1px solid #eaeef2;white-space:nowrap}th{font-weight:600}
 .ok{color:#1a7f37;font-weight:600}.bad{color:#cf222e;font-weight:600}
 .warn{color:#9a6700;font-weight:600}.muted{color:#57606a}
-.kv td{white-space:normal}.kv td:first-child{color:#57606a;white-space:nowrap}
+#upstreams-section{grid-column:1/-1}.kv td{white-space:normal}
+.kv td:first-child{color:#57606a;white-space:nowrap}
 @media (max-width:600px){.grid{grid-template-columns:1fr}body{padding:6px}}
 """
 
