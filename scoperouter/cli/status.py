@@ -35,8 +35,8 @@ usage or an unusable config.
 EPILOG = """\
 examples:
   scoperouter status --config /etc/scoperouter/federation.yaml
-  scoperouter status --config federation.yaml --json | jq '.clouds[] | select(.router != "up")'
-  scoperouter status --config federation.yaml --expiry-days 30 || mail -s 'federation' ops
+  scoperouter status --config federation.yaml --json --timeout 2   # for scripts and cron
+  scoperouter status --config federation.yaml --cloud CloudOne --expiry-days 30
 """
 
 BODY_MAX = 16 * 1024 * 1024  # bytes of one router's answer
