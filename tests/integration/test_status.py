@@ -19,6 +19,7 @@ from .routers import (
     Router,
     cloud_entry,
     free_port,
+    metric,
     request,
     scoperouter_command,
     start_all,
@@ -147,6 +148,11 @@ def test_the_status_page_shows_the_router_its_traffic_and_upstreams(
     assert HOSTILE not in html and "&lt;script&gt;alert`1`&lt;/script&gt;" in html
     assert 'data-cloud="CloudTwo" data-kind="peer"' in html
     assert "http://" + ONE not in html.replace(fed.status["CloudOne"], "")  # no self links
+    # the connections CloudOne keeps to CloudTwo's router (idle after the requests)
+    opened = f'scoperouter_upstream_connections{{state="open",upstream="{fed.urls["CloudTwo"]}"}}'
+    idle = opened.replace('state="open"', 'state="idle"')
+    until("CloudOne's idle connections to CloudTwo", lambda: metric(fed.status["CloudOne"], idle))
+    assert metric(fed.status["CloudOne"], opened) >= metric(fed.status["CloudOne"], idle) >= 1
     # the contract's metrics, every series there
     metrics = request("GET", fed.status["CloudOne"] + "/metrics").body.decode()
     for name in (
