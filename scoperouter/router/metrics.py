@@ -126,9 +126,12 @@ class Metrics:
     health of every upstream this router uses (each other cloud's router, each backend of
     this cloud: 1 up, 0 down, as :class:`~scoperouter.router.health.UpstreamHealth` decides).
 
-    Requests, connections, peer connections and stripped heads are tallied here and reach
-    prometheus-client at :meth:`flush` (the worker's tick); the health of upstreams (rare)
-    at once."""
+    Requests, connections, peer connections, stripped heads and refusals (by a reason of
+    :data:`~scoperouter.router.refusals.REASONS`) are tallied here and reach prometheus-client
+    at :meth:`flush` (the worker's tick); the health of upstreams and their breakers (rare) at
+    once; the connections per upstream and the interception certificates (:meth:`watch`)
+    once a second. Every upstream's series and every refusal reason exist from the config
+    load."""
 
     def __init__(self, config: RouterConfig, health: UpstreamHealth) -> None:
         self.config = config
