@@ -41,12 +41,8 @@ def config_digest(text: str) -> str:
 
 
 def build_kind() -> str:
-    """How this scoperouter was built: what ``scoperouter.build()`` says when it has one (a
-    compiled build), else ``pure``."""
-    probe: Any = getattr(scoperouter, "build", None)
-    if callable(probe):
-        return str(probe())
-    return "pure"
+    """The build this process runs: ``compiled`` or ``pure`` (:func:`scoperouter.build`)."""
+    return scoperouter.build()
 
 
 @dataclass(slots=True)
