@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+import scoperouter
+
 from .backends import EchoBackend
 from .routers import (
     Router,
@@ -161,7 +163,7 @@ def test_the_status_page_shows_the_router_its_traffic_and_upstreams(
         "scoperouter_worker_restarts_total 0.0",
         "scoperouter_config_generation 1.0",
         f'scoperouter_config_info{{digest="{doc["config"]["digest"]}"}} 1.0',
-        'scoperouter_build_info{build="pure"',
+        f'scoperouter_build_info{{build="{scoperouter.build()}"',
         "scoperouter_config_loaded_timestamp_seconds ",
         f'scoperouter_breaker_open{{upstream="{fed.backends["CloudOne"].url}"}} 0.0',
         f'scoperouter_upstream_connections{{state="open",upstream="{fed.urls["CloudTwo"]}"}}',

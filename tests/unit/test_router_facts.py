@@ -13,6 +13,7 @@ from typing import Any
 from cryptography import x509
 from prometheus_client import CollectorRegistry, generate_latest
 
+import scoperouter
 from scoperouter.config import load_catalog
 from scoperouter.router.certificates import SUBJECT_MAX, held_certificates
 from scoperouter.router.facts import FactsCollector, RouterFacts, Workers, config_digest
@@ -89,7 +90,10 @@ def test_certificates_and_facts_reach_metrics(tmp_path: Path) -> None:
     assert "scoperouter_worker_restarts_total 3.0" in text
     assert "scoperouter_config_generation 1.0" in text
     assert f'scoperouter_config_info{{digest="{facts.digest}"}} 1.0' in text
-    assert 'scoperouter_build_info{build="pure",event_loop="asyncio",version="' in text
+    assert (
+        f'scoperouter_build_info{{build="{scoperouter.build()}",event_loop="asyncio",version="'
+        in text
+    )
     assert 'role="peer_ca",subject="<script>alert(\\"x\\")</script>federation"' in text
     assert "scoperouter_certificate_expiry_timestamp_seconds{" in text
 
