@@ -143,14 +143,15 @@ def test_the_endpoint_label_is_the_route_never_the_path(served: Served) -> None:
 
 
 def test_stuck_operations_and_a_database_that_fails(sqlite_url: str, tmp_path: Path) -> None:
-    # no worker thread: the provision stays in progress, past its 2 s deadline it is stuck
-    served = Served(tmp_path, sqlite_url, threads=0, deadline=2)
+    # no worker thread: the provision stays in progress, past its 6 s deadline it is stuck
+    served = Served(tmp_path, sqlite_url, threads=0, deadline=6)
     served.broker.start()
     try:
         with OSBClient(served.broker.url, "broker", PASSWORD) as osb:
             assert osb.provision("m-stuck", S, P, {}).status == 202
         running = "scoperouter_broker_operations_in_progress"
         assert served.value(running, service="fake", kind="provision") == 1
+        assert served.value("scoperouter_broker_operations_stuck") == 0  # not yet
         assert served.until(lambda: served.value("scoperouter_broker_operations_stuck") == 1)
         status = _status(served, "--json")
         assert status.returncode == 1, status.stderr
@@ -173,6 +174,29 @@ def test_stuck_operations_and_a_database_that_fails(sqlite_url: str, tmp_path: P
         served.broker.stop()
     log = served.log.read_text()
     assert log.count("metrics: the database does not answer") == 1, log[-2000:]
+
+
+def test_an_expired_lease_nobody_took_over_is_stuck(sqlite_url: str, tmp_path: Path) -> None:
+    served = Served(tmp_path, sqlite_url, threads=1)  # write_config: a 3 s lease
+    served.broker.start()
+    with OSBClient(served.broker.url, "broker", PASSWORD) as osb:
+        assert osb.provision("m-lease", S, P, {"sleep": 60}).status == 202
+    assert served.until(lambda: ": pass 1" in served.log.read_text())  # the pass sleeps
+    assert served.value("scoperouter_broker_operations_stuck") == 0  # leased, running
+    served.broker.kill()  # mid-pass: the lease is left to expire
+    # the same database served by a broker without workers: nobody takes the operation over
+    data = yaml.safe_load(served.config.read_text())
+    assert data["worker"]["lease_seconds"] == 3.0
+    data["worker"]["threads"] = 0
+    served.config.write_text(yaml.safe_dump(data))
+    served.broker = BrokerProcess(served.config, served.log)
+    served.broker.start()
+    try:
+        assert served.value("scoperouter_broker_operations_in_progress", service="fake",
+                            kind="provision") == 1  # fmt: skip
+        assert served.until(lambda: served.value("scoperouter_broker_operations_stuck") == 1)
+    finally:
+        served.broker.stop()
 
 
 def test_two_processes_add_up(sqlite_url: str, tmp_path: Path) -> None:
