@@ -203,7 +203,7 @@ def parse_metrics(text: str) -> dict[str, float]:
         'scoperouter_config_reloads_total{result="ok"}': "reloads_ok",
         'scoperouter_config_reloads_total{result="refused"}': "reloads_refused",
         "scoperouter_worker_restarts_total": "worker_restarts",
-        "scoperouter_workers": "workers",
+        'scoperouter_workers{state="running"}': "workers",
         "scoperouter_open_connections": "open_connections",
     }
     out: dict[str, float] = {}

@@ -81,6 +81,7 @@ def federation_config(
                 endpoints=backends,
                 router_host=cloud.front_ip,
                 proxy_listen=cloud.proxy_listen,
+                metrics_listen=cloud.metrics_listen,
                 # clouds.yaml entries (written by the lab) of the router user of each other cloud
                 credentials={c.name: router_entry(c) for c in others},
                 **tls,

@@ -32,6 +32,7 @@ from scoperouter_lab.layout import (
     DATABASES,
     DEFAULT_SERVICES,
     MAX_CLOUDS,
+    METRICS_PORT,
     PEER_PORT,
     PROCESSES,
     PROXY_PORT,
@@ -400,6 +401,7 @@ class Lab:
         return [(cloud.front_ip, SERVICE_PORTS[t][0]) for t in types] + [
             (cloud.front_ip, PROXY_PORT),
             (cloud.front_ip, PEER_PORT),
+            (cloud.front_ip, METRICS_PORT),
         ]
 
     def _router_files(self, cloud: CloudSpec) -> tuple[Path, Path]:

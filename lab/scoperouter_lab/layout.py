@@ -6,7 +6,8 @@ Address plan (cloud i = 1, 2, 3 ...):
   reverse-mode frontends, what the keystone catalog advertises), on ``127.0.0.(1+i):3128``
   (its forward proxy, the ``HTTP_PROXY`` of the cloud's services) and on
   ``https://127.0.0.(1+i):9443`` (its peer link: the other routers' hops, TLS with a
-  certificate of the lab's CA, :mod:`scoperouter_lab.pki`);
+  certificate of the lab's CA, :mod:`scoperouter_lab.pki`) and on ``127.0.0.(1+i):9180``
+  (its metrics listener: ``/metrics``, ``/healthz``, the ``/status`` page);
 * the real services of cloud i listen on ``127.0.1.(1+i)``, same ports, same paths;
 * PostgreSQL and RabbitMQ (one each, shared by all clouds) listen on ``127.0.0.1``.
 
@@ -57,6 +58,7 @@ STAND_INS: dict[str, tuple[str, str, str]] = {
 STAND_IN_UNLESS = {"block-storage": "cinder"}  # stand-in -> the selected service replacing it
 PROXY_PORT = 3128
 PEER_PORT = 9443  # each router's peer link (TLS, the lab's CA): the other routers' hops
+METRICS_PORT = 9180  # each router's metrics listener: /metrics, /healthz, /status
 SHARED_HOST = "127.0.0.1"
 POSTGRES_PORT = 5432
 RABBIT_PORT = 5672
@@ -209,6 +211,10 @@ class CloudSpec:
     @property
     def proxy_listen(self) -> str:
         return f"{self.front_ip}:{PROXY_PORT}"
+
+    @property
+    def metrics_listen(self) -> str:
+        return f"{self.front_ip}:{METRICS_PORT}"
 
     def db_name(self, suffix: str) -> str:
         return f"{self.slug}_{suffix}"

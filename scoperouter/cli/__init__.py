@@ -35,6 +35,7 @@ examples:
   scoperouter route --config config/federation.yaml --cloud CloudOne \\
       --scope '{"image": "CloudTwo"}' GET http://127.0.0.2:9292/v2/images
   scoperouter serve --config config/federation.yaml --cloud CloudOne
+  scoperouter status --config config/federation.yaml   # every cloud's router at a glance
   scoperouter lab up        # real OpenStack clouds on this machine, each behind a router
   scoperouter broker serve --config config/broker.yaml   # the Open Service Broker
 """
@@ -45,6 +46,7 @@ COMMANDS: dict[str, str] = {
     "check-config": "scoperouter.cli.check_config",
     "import-catalog": "scoperouter.cli.import_catalog",
     "pki": "scoperouter.cli.pki",
+    "status": "scoperouter.cli.status",
     "lab": "scoperouter_lab.cli",
     "broker": "scoperouter.broker.cli",
 }

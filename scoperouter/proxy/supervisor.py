@@ -1,4 +1,4 @@
-"""The router of one cloud as several worker processes on the same ports, and its status page.
+"""The router of one cloud as several worker processes on the same ports.
 
 The supervisor (this module; it never imports mitmproxy) binds every listener of the cloud once
 per worker with ``SO_REUSEPORT`` (the kernel spreads new connections over the workers' sockets),
@@ -12,9 +12,11 @@ starts ``--workers`` worker processes (:mod:`scoperouter.proxy.worker`) that acc
   worker reloads in place, keeping its connections;
 * **drains** on SIGTERM/SIGINT: workers stop accepting, finish the requests in flight (up to the
   drain time) and exit; the supervisor exits 0 when they all did;
-* serves ``/metrics`` (Prometheus text format, every worker's metrics added up) and
-  ``/healthz`` (JSON; 200 while at least one worker serves, else 503) on the cloud's
-  ``metrics.listen`` address, a separate (loopback by default) port;
+* keeps the router's facts (config generation, digest, certificates, workers:
+  :mod:`scoperouter.router.facts`) and serves ``/metrics`` (Prometheus text format, every
+  worker's metrics added up, then the facts), ``/healthz`` and the status page on the cloud's
+  ``metrics.listen`` address, a separate (loopback by default) port
+  (:mod:`scoperouter.proxy.statusserver`);
 * chooses the workers' event loop once (``settings.event_loop``:
   :func:`~scoperouter.proxy.eventloop.choose`); it runs on asyncio's own.
 
@@ -26,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import json
 import logging
 import os
 import shutil
@@ -35,20 +36,19 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from scoperouter.catalog import Catalog
 from scoperouter.config import parse_catalog, read_config
 from scoperouter.errors import ConfigError
 from scoperouter.proxy import eventloop
 from scoperouter.proxy.forward.intercept import signing_ca
+from scoperouter.proxy.statusserver import StatusServer
+from scoperouter.router.facts import FactsCollector, RouterFacts, Workers
 from scoperouter.router.listeners import listener_signature, listeners_for
 
 logger = logging.getLogger("scoperouter")
@@ -161,7 +161,8 @@ class Supervisor:
         # starts or reloads never reaches one half-written.
         self._snapshot = os.path.join(self._workdir, "federation.yaml")
         try:
-            self.catalog = self._check()
+            self.catalog, text = self._read()
+            self._commit(text)
         except ConfigError:
             shutil.rmtree(self._workdir, ignore_errors=True)
             raise
@@ -169,12 +170,8 @@ class Supervisor:
         self.event_loop, why = eventloop.choose(self.catalog.settings.event_loop)
         if why is not None:
             logger.warning("%s", why)
-
-    def _check(self) -> Catalog:
-        """Read and validate the config file; the checked text becomes the workers' copy."""
-        catalog, text = self._read()
-        self._commit(text)
-        return catalog
+        self.facts = RouterFacts(options.cloud, self.event_loop)
+        self.facts.loaded(self.catalog, text)
 
     def _read(self) -> tuple[Catalog, str]:
         """The config file's catalog and text (ConfigError when it cannot be used)."""
@@ -213,7 +210,11 @@ class Supervisor:
                 self.slots = [Slot(i, sockets) for i, sockets in enumerate(sets)]
                 metrics_listen = self.catalog.clouds[cloud].metrics_listen
                 if metrics_listen is not None:
-                    self.status_server = StatusServer(metrics_listen, self)
+                    try:
+                        self.status_server = StatusServer(metrics_listen, self)
+                    except OSError as exc:
+                        where = "{}:{}".format(*metrics_listen)
+                        raise StartupError(1, f"cannot serve metrics on {where}: {exc}") from None
                 await self._start_all()
             except StartupError as exc:
                 logger.error("could not start the listeners of %s: %s", cloud, exc)
@@ -385,6 +386,7 @@ class Supervisor:
             logger.error("reload refused, keeping the current config: %s", exc)
             return
         self._commit(text)
+        self.facts.loaded(catalog, text)
         if catalog.settings.event_loop != self.catalog.settings.event_loop:
             logger.warning(
                 "settings.event_loop is now %s: the workers keep theirs (%s) until the router "
@@ -446,7 +448,8 @@ class Supervisor:
 
     # ------------------------------------------------------------------ status
 
-    def health(self) -> tuple[int, dict[str, Any]]:
+    def state(self) -> tuple[str, list[dict[str, Any]]]:
+        """The router's state (ok, degraded, starting, stopping) and each worker's."""
         workers = [
             {
                 "worker": slot.index,
@@ -465,6 +468,10 @@ class Supervisor:
             status = "degraded"
         else:
             status = "starting"
+        return status, workers
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        status, workers = self.state()
         body = {
             "status": status,
             "cloud": self.options.cloud,
@@ -472,11 +479,12 @@ class Supervisor:
             "workers": workers,
             "upstreams_down": self._upstreams_down(),
         }
+        ready = any(worker["ready"] for worker in workers)
         return (200 if ready and not self.stopping else 503), body
 
     def _upstreams_down(self) -> list[dict[str, str]]:
         down = []
-        for metric in self._registry().collect():
+        for metric in self.registry().collect():
             if metric.name != "scoperouter_upstream_up":
                 continue
             for sample in metric.samples:
@@ -484,78 +492,28 @@ class Supervisor:
                     down.append(dict(sample.labels))
         return down
 
-    def _registry(self) -> Any:
+    def registry(self) -> Any:
+        """The workers' metrics, added up (prometheus-client's multiprocess collector)."""
         from prometheus_client import CollectorRegistry, multiprocess
 
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry, path=self._metrics_dir)
         return registry
 
-    def metrics_text(self) -> bytes:
-        from prometheus_client import generate_latest
-
-        own = (
-            "# HELP scoperouter_workers Worker processes ready to serve.\n"
-            "# TYPE scoperouter_workers gauge\n"
-            f"scoperouter_workers {sum(1 for s in self.slots if s.ready)}\n"
-            "# HELP scoperouter_worker_restarts_total Workers started again after dying.\n"
-            "# TYPE scoperouter_worker_restarts_total counter\n"
-            f"scoperouter_worker_restarts_total {sum(s.restarts for s in self.slots)}\n"
+    def workers(self) -> Workers:
+        return Workers(
+            running=sum(1 for slot in self.slots if slot.ready),
+            wanted=self.options.workers,
+            restarts=sum(slot.restarts for slot in self.slots),
         )
-        return generate_latest(self._registry()) + own.encode()
 
+    def metrics_text(self) -> bytes:
+        """``/metrics``: the workers' metrics added up, then the router's facts."""
+        from prometheus_client import CollectorRegistry, generate_latest
 
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        """Probes every few seconds are not worth a log line each."""
-
-
-class StatusServer:
-    """``/metrics`` and ``/healthz`` over HTTP, in a thread of the supervisor."""
-
-    def __init__(self, address: tuple[str, int], supervisor: Supervisor) -> None:
-        self.supervisor = supervisor
-        host, port = address
-        try:
-            self.server = make_server(
-                host, port, self.app, server_class=_ThreadingServer, handler_class=_QuietHandler
-            )
-        except OSError as exc:
-            raise StartupError(1, f"cannot serve metrics on {host}:{port}: {exc}") from None
-        self.address = f"{host}:{port}"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.1,), daemon=True)
-        self.thread.start()
-
-    def app(self, environ: dict[str, Any], start: Callable[..., Any]) -> list[bytes]:
-        path = environ.get("PATH_INFO", "")
-        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
-            return _reply(start, 405, b'{"error": "GET only"}', "application/json")
-        if path == "/metrics":
-            from prometheus_client import CONTENT_TYPE_LATEST
-
-            return _reply(start, 200, self.supervisor.metrics_text(), CONTENT_TYPE_LATEST)
-        if path == "/healthz":
-            status, body = self.supervisor.health()
-            return _reply(start, status, json.dumps(body).encode(), "application/json")
-        return _reply(start, 404, b'{"error": "try /metrics or /healthz"}', "application/json")
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def _reply(start: Callable[..., Any], status: int, body: bytes, kind: str) -> list[bytes]:
-    from http import HTTPStatus
-
-    start(
-        f"{status} {HTTPStatus(status).phrase}",
-        [("Content-Type", kind), ("Content-Length", str(len(body)))],
-    )
-    return [body]
+        own = CollectorRegistry(auto_describe=False)
+        own.register(FactsCollector(self.facts, self.workers))
+        return generate_latest(self.registry()) + generate_latest(own)
 
 
 def _exit_text(code: int) -> str:

@@ -51,6 +51,7 @@ from scoperouter.router.tokens import TokenSwap
 
 if TYPE_CHECKING:
     from scoperouter.proxy.forward.engine import ForwardProxy
+    from scoperouter.proxy.forward.intercept import Certificates
 
 logger = logging.getLogger("scoperouter")
 
@@ -93,6 +94,15 @@ class Worker:
                 from scoperouter.proxy.forward.engine import ForwardProxy  # mitmproxy
 
                 self.forward = ForwardProxy(self.pipeline, listener, workdir, self.sockets)
+        interception = self.forward.interception if self.forward is not None else None
+        metrics.watch(
+            connections=functools.partial(connection_counts, self.pool),
+            minted=(
+                None
+                if interception is None
+                else functools.partial(_minted, interception.certificates)
+            ),
+        )
         self._stop = asyncio.Event()
         self._reloading: asyncio.Task[None] | None = None
         self._reload_again = False
@@ -233,6 +243,19 @@ class Worker:
 
 def _configure_pool(pool: Pool, cloud: str, catalog: Catalog) -> None:
     configure_pool(pool, catalog, cloud)
+
+
+def connection_counts(pool: Pool) -> dict[str, tuple[int, int]]:
+    """Upstream (scheme://host:port) -> (open, idle) connections of this worker's pool."""
+    counts: dict[str, tuple[int, int]] = {}
+    for origin in {*pool.idle, *pool.lent}:
+        idle = pool.idle_count(origin)
+        counts[str(origin)] = (pool.lent_count(origin) + idle, idle)
+    return counts
+
+
+def _minted(certificates: Certificates) -> tuple[int, int]:
+    return certificates.made, len(certificates)
 
 
 def run_worker(

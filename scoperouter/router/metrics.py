@@ -18,14 +18,18 @@ from __future__ import annotations
 import logging
 import time
 from bisect import bisect_left
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
 from scoperouter.catalog import Catalog
 from scoperouter.router.config import RouterConfig
+from scoperouter.router.failures import CLIENT_GONE_STATUS
 from scoperouter.router.health import Upstream, UpstreamHealth
+from scoperouter.router.refusals import REASONS, refusal_reason
 from scoperouter.router.state import HeadRefusal, RequestState
+from scoperouter.router.upstreams import config_upstreams
 from scoperouter.routing import Failover, FanOut, Forward
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120)
@@ -74,6 +78,43 @@ RELOADS = Counter(
     "Config reloads by result (ok, refused).",
     ["result"],
 )
+BREAKER_OPEN = Gauge(
+    "scoperouter_breaker_open",
+    "1 while any worker holds the upstream's breaker open (marked down: requests for it fail "
+    "fast), else 0; every upstream of the config.",
+    ["upstream"],
+    multiprocess_mode="livemax",
+)
+UPSTREAM_CONNECTIONS = Gauge(
+    "scoperouter_upstream_connections",
+    "Connections to an upstream, all workers: state=open (every open one, in use or idle), "
+    "state=idle (those waiting for a request). Updated once a second.",
+    ["upstream", "state"],
+    multiprocess_mode="livesum",
+)
+REFUSALS = Counter(
+    "scoperouter_refusals",
+    "Requests the router answered itself (refused or failed), by a reason from a fixed set "
+    "(bad_scope, unknown_cloud, unknown_service, not_in_catalog, too_large, timeout, "
+    "upstream_down, ...).",
+    ["reason"],
+)
+INTERCEPTION_MINTED = Counter(
+    "scoperouter_interception_certificates_minted",
+    "Certificates the forward proxy made for the hosts it intercepts (all workers).",
+)
+INTERCEPTION_CACHE = Gauge(
+    "scoperouter_interception_cache_size",
+    "Interception certificates kept (all workers' caches added up).",
+    multiprocess_mode="livesum",
+)
+
+SLOW_EVERY = 10  # flushes (worker ticks: 1 s) between two readings of the connection counts
+
+ConnectionCounts = Callable[[], Mapping[str, tuple[int, int]]]
+"""Upstream (scheme://host:port) -> (open, idle) connections of this worker now."""
+Minted = Callable[[], tuple[int, int]]
+"""(certificates made so far, certificates kept) by this worker's forward proxy."""
 
 
 Key = tuple[str, str, str, int]  # service, cloud, decision, status (0: none)
@@ -85,9 +126,12 @@ class Metrics:
     health of every upstream this router uses (each other cloud's router, each backend of
     this cloud: 1 up, 0 down, as :class:`~scoperouter.router.health.UpstreamHealth` decides).
 
-    Requests, connections, peer connections and stripped heads are tallied here and reach
-    prometheus-client at :meth:`flush` (the worker's tick); the health of upstreams (rare)
-    at once."""
+    Requests, connections, peer connections, stripped heads and refusals (by a reason of
+    :data:`~scoperouter.router.refusals.REASONS`) are tallied here and reach prometheus-client
+    at :meth:`flush` (the worker's tick); the health of upstreams and their breakers (rare) at
+    once; the connections per upstream and the interception certificates (:meth:`watch`)
+    once a second. Every upstream's series and every refusal reason exist from the config
+    load."""
 
     def __init__(self, config: RouterConfig, health: UpstreamHealth) -> None:
         self.config = config
@@ -101,25 +145,50 @@ class Metrics:
         self._open = 0
         self._peer_opened: dict[tuple[str, str], int] = {}
         self._stripped = 0
+        self._refusals: dict[str, int] = {}
         self._failing = False  # the last flush failed (logged once until one succeeds)
+        # Read once a second (SLOW_EVERY flushes): connections per upstream, interception.
+        self._flushes = 0
+        self._connection_counts: ConnectionCounts | None = None
+        self._connections: dict[str, tuple[int, int]] = {}  # as last set, per upstream
+        self._minted: Minted | None = None
+        self._minted_seen = 0
+        self._cache_size = 0
+        self._health_state = health
+        for reason in REASONS:  # every series from the start (a rule can rely on it)
+            REFUSALS.labels(reason)
         config.subscribe(self._upstreams)
         health.on_change(self._health)
 
+    def watch(
+        self, connections: ConnectionCounts | None = None, minted: Minted | None = None
+    ) -> None:
+        """Where the once-a-second gauges come from: the worker's upstream connections, its
+        forward proxy's interception certificates."""
+        if connections is not None:
+            self._connection_counts = connections
+        if minted is not None:
+            self._minted = minted
+
     def _upstreams(self, catalog: Catalog) -> None:
-        """Every upstream of the new config starts as up (those marked down say so later). A
-        peer router with a peer link is one upstream (the link) for all its services."""
-        cloud = self.config.cloud
+        """Every upstream of the new config, with every series it has: up unless this worker
+        holds it down, its breaker closed unless so, no connection yet (the counts follow
+        within a second). A peer router with a peer link is one upstream (the link) for all
+        its services."""
+        down = {u.address for u in self._health_state.down()}
         self._linked = {}
-        for other in catalog.clouds.values():
-            for ep in other.endpoints:
-                if other.name == cloud:
-                    labels = (cloud, "backend", ep.service_type, ep.backend.base)
-                elif other.peer is not None:
-                    labels = (other.name, "peer", ep.service_type, other.peer.url.base)
-                    self._linked.setdefault(other.peer.url.base, []).append(ep.service_type)
-                else:
-                    labels = (other.name, "peer", ep.service_type, ep.url.base)
-                UPSTREAM_UP.labels(*labels).set(1)
+        for spec in config_upstreams(catalog, self.config.cloud):
+            if spec.kind == "peer":
+                self._linked[spec.upstream] = list(spec.services)
+            is_down = spec.upstream in down
+            for service in spec.services:
+                labels = (spec.cloud, spec.kind, service, spec.upstream)
+                UPSTREAM_UP.labels(*labels).set(0 if is_down else 1)
+            BREAKER_OPEN.labels(spec.upstream).set(1 if is_down else 0)
+            if spec.upstream not in self._connections:
+                self._connections[spec.upstream] = (0, 0)
+                UPSTREAM_CONNECTIONS.labels(spec.upstream, "open").set(0)
+                UPSTREAM_CONNECTIONS.labels(spec.upstream, "idle").set(0)
 
     def _health(self, upstream: Upstream, up: bool) -> None:
         services = self._linked.get(upstream.address, [upstream.service])
@@ -127,6 +196,7 @@ class Metrics:
             UPSTREAM_UP.labels(upstream.cloud, upstream.kind, service, upstream.address).set(
                 1 if up else 0
             )
+        BREAKER_OPEN.labels(upstream.address).set(0 if up else 1)
 
     def peer_connection(self, upstream: object, reason: str) -> None:
         """A connection to a peer router opened (`upstream`: its peer link's origin)."""
@@ -162,10 +232,17 @@ class Metrics:
             key = (decision.service_type, state.answered or "-", "failover", status)
         else:
             key = ("-", "-", "refused", status)
+        if state.status == status and status >= 400 and status != CLIENT_GONE_STATUS:
+            # the router answered itself (a client gone got no answer)
+            self._refused(refusal_reason(status, state.message))
         self._observe(key, time.monotonic() - state.started)
 
     def refused(self, refusal: HeadRefusal) -> None:
+        self._refused(refusal_reason(refusal.status, refusal.message))
         self._observe(("-", "-", "refused", refusal.status), time.monotonic() - refusal.started)
+
+    def _refused(self, reason: str) -> None:
+        self._refusals[reason] = self._refusals.get(reason, 0) + 1
 
     def _observe(self, key: Key, seconds: float) -> None:
         tally = self._tallies.get(key)
@@ -206,6 +283,32 @@ class Metrics:
         if self._stripped:
             stripped, self._stripped = self._stripped, 0
             IDENTITY_STRIPPED.inc(stripped)
+        if self._refusals:
+            refusals, self._refusals = self._refusals, {}
+            for reason, n in refusals.items():
+                REFUSALS.labels(reason).inc(n)
+        self._flushes += 1
+        if self._flushes % SLOW_EVERY == 0:
+            self._slow()
+
+    def _slow(self) -> None:
+        """The gauges read once a second: only those that changed are written."""
+        if self._connection_counts is not None:
+            counts = self._connection_counts()
+            for upstream, last in self._connections.items():
+                now = counts.get(upstream, (0, 0))
+                if now != last:  # only the config's upstreams: a bounded label set
+                    self._connections[upstream] = now
+                    UPSTREAM_CONNECTIONS.labels(upstream, "open").set(now[0])
+                    UPSTREAM_CONNECTIONS.labels(upstream, "idle").set(now[1])
+        if self._minted is not None:
+            made, kept = self._minted()
+            if made > self._minted_seen:
+                INTERCEPTION_MINTED.inc(made - self._minted_seen)
+                self._minted_seen = made
+            if kept != self._cache_size:
+                self._cache_size = kept
+                INTERCEPTION_CACHE.set(kept)
 
     def _add(self, key: Key, tally: list[float]) -> None:
         counter = self._requests.get(key)

@@ -43,7 +43,9 @@ from .routers import (
     Router,
     cloud_entry,
     free_port,
+    metric,
     raw_exchange,
+    request,
     scoperouter_command,
     settled_metric,
     start_all,
@@ -584,3 +586,29 @@ def test_a_ca_key_others_may_read_stops_the_router_with_a_clear_error(
     log = router.log_text()
     assert "mode 0644" in log and f"chmod 600 {key}" in log, log
     assert "PRIVATE KEY" not in log + checked.stderr + checked.stdout
+
+
+def test_status_shows_every_certificate_and_the_interception(setup: Setup) -> None:
+    """Issue 34: every certificate CloudOne's router holds or checks, with its expiry (the
+    metric and the status page: no key path anywhere), and the certificates the forward
+    proxy made (a worker's count, read once a second)."""
+    setup.via_proxy(setup.image)  # one certificate made, at least (kept after)
+    status = request("GET", setup.metrics + "/status.json").json()
+    roles = {(c["role"], c["subject"]) for c in status["certificates"]}
+    assert {"peer_cert", "frontend_cert", "peer_ca", "interception_ca", "backend_ca"} == {
+        role for role, _ in roles
+    }
+    assert ("interception_ca", "scoperouter cloudone-proxy-ca") in roles
+    assert all(300 < c["days_left"] < 5000 for c in status["certificates"])
+    assert status["forward_proxy"]["enabled"] and status["forward_proxy"]["intercepts"]
+    text = request("GET", setup.metrics + "/status").body.decode()
+    assert "scoperouter cloudone-proxy-ca" in text
+    assert ".key" not in text and ".key" not in json.dumps(status)  # no key path shown
+    expiry = 'scoperouter_certificate_expiry_timestamp_seconds{role="interception_ca"'
+    assert metric(setup.metrics, expiry) > time.time() + 300 * 86400
+    minted = "scoperouter_interception_certificates_minted_total "
+    deadline = time.monotonic() + 5  # read once a second
+    while metric(setup.metrics, minted) < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert metric(setup.metrics, minted) >= 1
+    assert metric(setup.metrics, "scoperouter_interception_cache_size ") >= 1

@@ -139,5 +139,5 @@ def test_metrics_count_requests_by_service_cloud_decision_status(
     text = request("GET", setup.status + "/metrics").body.decode()
     assert "scoperouter_request_duration_seconds_bucket" in text
     assert "scoperouter_open_connections" in text
-    assert "scoperouter_workers 1" in text
+    assert 'scoperouter_workers{state="running"} 1.0' in text
     assert request("GET", setup.status + "/nothing").status == 404

@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MANUAL = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 PAGES = [*MANUAL, ROOT / "bench" / "README.md"]  # the commands: bench/README.md's too
 LAB_FEDERATION = "~/.local/share/scoperouter/lab/federation.yaml"
-OWN = ("serve", "route", "check-config", "import-catalog", "pki")  # the router's, not lab/broker
+# the router's, not lab/broker
+OWN = ("serve", "route", "check-config", "import-catalog", "pki", "status")
 MODULES = ("bench", "tests.")  # `python -m` modules of this repository (not pytest's)
 
 

@@ -106,7 +106,9 @@ def test_the_page_keeps_its_marker() -> None:
     assert reference.MARKER in page
 
 
-@pytest.mark.parametrize("command", ["serve", "route", "check-config", "import-catalog", "pki"])
+@pytest.mark.parametrize(
+    "command", ["serve", "route", "check-config", "import-catalog", "pki", "status"]
+)
 def test_the_cli_reference_is_the_parsers_help(command: str) -> None:
     text = cli_help.help_text([command])
     assert text.startswith(f"usage: scoperouter {command} ")

@@ -55,6 +55,8 @@ def test_federation_config_loads_with_the_router_loader(tmp_path: Path, routed: 
     assert "CloudDown" not in catalog.clouds["CloudOne"].credentials
     one = catalog.clouds["CloudOne"]
     assert one.proxy_listen == ("127.0.0.2", 3128)
+    assert one.metrics_listen == ("127.0.0.2", 9180)  # /metrics, /status
+    assert down.metrics_listen is None  # no router there: `scoperouter status` says unmonitored
     ep = catalog.endpoint("CloudTwo", "compute", "public")
     assert str(ep.url) == "http://127.0.0.3:8774/v2.1"
     assert str(ep.backend) == "http://127.0.1.3:8774/v2.1"
@@ -162,7 +164,7 @@ def test_processes_and_catalog_follow_the_selected_services(tmp_path: Path):
     assert full.health_url("swift-object") == "http://127.0.1.2:6200/healthcheck"
     lab = Lab(tmp_path, services=resolve_services("all"), out=io.StringIO())
     ports = {port for _, port in lab.router_listens(CloudSpec(1))}
-    assert {8080, 8004, 8776, 5000, 3128, 9443} <= ports
+    assert {8080, 8004, 8776, 5000, 3128, 9443, 9180} <= ports
     assert service_types(("keystone",)) == ["identity", "network", "block-storage"]
     # lab status sums each service's processes over the clouds
     assert [lab._service_of(p) for p in ("cloudtwo-cinder-volume", "cloudone-swift-object",

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from scoperouter.catalog import Catalog
-from scoperouter.proxy import supervisor
+from scoperouter.proxy import statusserver, supervisor
 
 
 def free_port() -> int:
@@ -89,8 +89,8 @@ def _call(app: Any, method: str, path: str) -> tuple[str, bytes]:
 
 
 def test_status_page_routes() -> None:
-    server = supervisor.StatusServer.__new__(supervisor.StatusServer)
-    server.supervisor = FakeSupervisor()  # type: ignore[assignment]
+    server = statusserver.StatusServer.__new__(statusserver.StatusServer)
+    server.router = FakeSupervisor()  # type: ignore[assignment]
     assert _call(server.app, "GET", "/healthz") == (
         "503 Service Unavailable",
         b'{"status": "starting"}',
