@@ -26,6 +26,7 @@ PASSWORD_ENV = "SCOPEROUTER_BROKER_PASSWORD"
 SECRET_KEYS_ENV = "SCOPEROUTER_BROKER_SECRET_KEYS"
 DATABASE_ENV = "SCOPEROUTER_BROKER_DATABASE_URL"
 DEFAULT_LISTEN = "127.0.0.1:8090"
+DEFAULT_METRICS_LISTEN = "127.0.0.1:8091"
 # OSB bodies are small (parameters, a context): 1 MiB is 16 times the largest parameter schema
 # the spec allows; Kubernetes caps a whole object (its parameters included) at 1.5 MiB
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
@@ -118,6 +119,32 @@ class WorkerConfig(_Strict):
     max_retry_seconds: float = Field(default=60.0, gt=0)  # backoff cap after an error
 
 
+class MetricsConfig(_Strict):
+    """The Prometheus listener (``/metrics``), off by default; on, it listens on loopback
+    unless `listen` says otherwise (as the API's `listen`), one per ``serve`` (its processes
+    and worker threads added up)."""
+
+    enabled: bool = False
+    listen: str = DEFAULT_METRICS_LISTEN
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        return _hostport(value)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]"), int(port)
+
+
+def _hostport(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    return value
+
+
 DEFAULT_DEADLINES: dict[str, float] = {
     "provision": 1800.0,
     "update": 1800.0,
@@ -167,6 +194,7 @@ class BrokerConfig(_Strict):
     clouds: dict[str, CloudConfig] = Field(default_factory=dict)
     identity: IdentityConfig = IdentityConfig()
     worker: WorkerConfig = WorkerConfig()
+    metrics: MetricsConfig = MetricsConfig()
     services: dict[str, ServiceConfig] = Field(default_factory=dict)
     # API versions accepted in X-Broker-API-Version (MAJOR.MINOR, minimum)
     min_api_version: str = "2.13"
@@ -180,10 +208,7 @@ class BrokerConfig(_Strict):
     @field_validator("listen")
     @classmethod
     def _listen(cls, value: str) -> str:
-        host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"expected HOST:PORT, got {value!r}")
-        return value
+        return _hostport(value)
 
     @field_validator("min_api_version")
     @classmethod
@@ -312,6 +337,8 @@ def config_from_dict(data: object, *, source: Path | None = None) -> BrokerConfi
         for key in svc.deadlines:
             if svc.deadlines[key] <= 0:
                 raise BrokerConfigError(f"{where}services.{name}.deadlines.{key}: must be > 0")
+    if config.metrics.enabled and config.metrics.address == config.listen_address:
+        raise BrokerConfigError(f"{where}metrics.listen: the same address as listen")
     if config.worker.heartbeat_seconds >= config.worker.lease_seconds:
         raise BrokerConfigError(
             f"{where}worker.heartbeat_seconds: must be shorter than worker.lease_seconds"

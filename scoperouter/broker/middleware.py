@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
-from scoperouter.broker import logs, models
+from scoperouter.broker import logs, metrics, models
 from scoperouter.broker.config import DEFAULT_MAX_BODY_BYTES, parse_api_version
 from scoperouter.broker.logs import excerpt
 
@@ -262,6 +262,7 @@ class BrokerMiddleware:
                         if not answered:
                             await too_large(f"a body of more than {self._max_body} bytes")
             finally:
+                metrics.api_request(scope["method"], scope["path"], status_holder[0])
                 if access_log.isEnabledFor(logging.INFO):
                     access_log.info(
                         "%s %s %s %.1fms",

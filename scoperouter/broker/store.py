@@ -31,6 +31,7 @@ from typing import NamedTuple
 from sqlalchemy import (
     and_,
     bindparam,
+    case,
     delete,
     func,
     or_,
@@ -527,6 +528,38 @@ class Store:
                 rows = session.execute(select(table)).all()
                 out[table.name] = sorted((tuple(r) for r in rows), key=repr)
         return out
+
+    def in_progress(self, now: datetime) -> list[tuple[str, str, int, int]]:
+        """(service, kind, operations in progress, of which stuck: past their deadline, or
+        with a lease that expired at `now`) for the metrics; the index on state serves it."""
+        stuck = or_(
+            Operation.deadline_at < now,
+            and_(Operation.lease_owner.is_not(None), Operation.lease_expires_at < now),
+        )
+        query = (
+            select(
+                Instance.service_name,
+                Operation.kind,
+                func.count(),
+                func.sum(case((stuck, 1), else_=0)),
+            )
+            .join(Instance, Instance.id == Operation.instance_id)
+            .where(Operation.state == IN_PROGRESS)
+            .group_by(Instance.service_name, Operation.kind)
+        )
+        with self.read() as session:
+            rows = session.execute(query).all()
+        return [(str(s), str(k), int(n or 0), int(x or 0)) for s, k, n, x in rows]
+
+    def operation_totals(self) -> dict[tuple[str, str, str], int]:
+        """Every operation kept, by (service, kind, state): `broker status` (a full scan)."""
+        query = (
+            select(Instance.service_name, Operation.kind, Operation.state, func.count())
+            .join(Instance, Instance.id == Operation.instance_id)
+            .group_by(Instance.service_name, Operation.kind, Operation.state)
+        )
+        with self.read() as session:
+            return {(str(s), str(k), str(t)): int(n) for s, k, t, n in session.execute(query)}
 
     def count(self, model: type[Base]) -> int:
         with self.read() as session:

@@ -30,7 +30,7 @@ from typing import Any
 import sqlalchemy.exc
 from sqlalchemy.orm import Session
 
-from scoperouter.broker import logs
+from scoperouter.broker import logs, metrics
 from scoperouter.broker.contract import (
     BindingView,
     Done,
@@ -345,12 +345,14 @@ class Runner:
         self.heartbeat.hold(op.id, owner)
         try:
             log.info("%s %s: pass %d", op.kind, op.id, op.attempts)
+            metrics.passed()
             try:
                 outcome: Outcome = method(ctx)
             except LeaseLost as exc:
                 log.warning("%s %s: stopped: %s", op.kind, op.id, exc)
                 return None
             except Exception as exc:
+                metrics.retried()
                 delay = min(self.max_retry, 2.0 ** min(op.attempts, 10))
                 log.warning("%s %s: pass failed, retrying in %.0fs: %s", op.kind, op.id, delay, exc)
                 outcome = Pending(f"retrying after an error: {logs.short_error(exc)}", delay)
@@ -394,8 +396,10 @@ class Runner:
                 instance = self.store.instance(session, row.instance_id)
                 if instance is not None:
                     self._apply(session, row, instance, outcome)
+                service = instance.service_name if instance is not None else "-"
         except LeaseLost:
             return None
+        metrics.finished(service, op.kind, row.state, (now - row.created_at).total_seconds())
         log.info("%s %s: %s: %s", op.kind, op.id, row.state, outcome.description)
         return outcome
 

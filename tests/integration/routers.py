@@ -88,6 +88,7 @@ class Router:
     _terminated: bool = field(default=False, repr=False)
 
     def start(self) -> Router:
+        self._terminated = False  # a router stopped and started again is SIGTERMed again
         command = [*scoperouter_command(), "serve", "--config", str(self.config)]
         command += ["--cloud", self.cloud, "--workers", str(self.workers)]
         command += (["--watch"] if self.watch else []) + self.extra_args

@@ -232,6 +232,7 @@ BROKER_LAYERS: dict[str, int] = {
     "scoperouter.broker.migrations": 3,
     "scoperouter.broker.drift": 3,
     "scoperouter.broker.describe": 3,
+    "scoperouter.broker.metrics": 3,  # counted by the worker and the middleware; reads the store
     # services: the plug-ins (services.base re-exports the contract under its plug-in name)
     "scoperouter.broker.services": 2,
     # contract and helpers: what the plug-ins are written against and with

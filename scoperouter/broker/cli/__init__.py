@@ -36,6 +36,7 @@ examples:
   scoperouter broker db upgrade --config /etc/scoperouter/broker.yaml
   scoperouter broker serve --config /etc/scoperouter/broker.yaml
   scoperouter broker list --config /etc/scoperouter/broker.yaml
+  scoperouter broker status --config /etc/scoperouter/broker.yaml
   scoperouter broker repair --config /etc/scoperouter/broker.yaml
 """
 
@@ -43,6 +44,7 @@ COMMANDS: dict[str, str] = {
     "serve": "scoperouter.broker.cli.serve",
     "list": "scoperouter.broker.cli.list_instances",
     "show": "scoperouter.broker.cli.show",
+    "status": "scoperouter.broker.cli.status",
     "repair": "scoperouter.broker.cli.repair",
     "purge": "scoperouter.broker.cli.purge",
     "db": "scoperouter.broker.cli.db",
