@@ -28,8 +28,9 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from socketserver import ThreadingMixIn
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.types import StartResponse, WSGIEnvironment
 
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -134,7 +135,7 @@ def endpoint(path: str) -> str:
     return "other"
 
 
-_api_children: dict[tuple[str, str, int], Any] = {}
+_api_children: dict[tuple[str, str, int], Counter] = {}  # the labelled children
 
 
 def api_request(method: str, path: str, status: int) -> None:
@@ -268,7 +269,7 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
 
 
 class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
+    def log_message(self, format: str, *args: object) -> None:
         """Scrapes every few seconds are not worth a log line each."""
 
 
@@ -306,7 +307,7 @@ class MetricsServer:
         )
         self.thread.start()
 
-    def app(self, environ: dict[str, Any], start: Callable[..., Any]) -> Iterable[bytes]:
+    def app(self, environ: WSGIEnvironment, start: StartResponse) -> Iterable[bytes]:
         if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
             return _reply(start, "405 Method Not Allowed", b'{"error": "GET only"}')
         if environ.get("PATH_INFO") != "/metrics":
@@ -320,6 +321,6 @@ class MetricsServer:
         self.collector.close()
 
 
-def _reply(start: Callable[..., Any], status: str, body: bytes) -> list[bytes]:
+def _reply(start: StartResponse, status: str, body: bytes) -> list[bytes]:
     start(status, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
     return [body]
