@@ -34,9 +34,9 @@ from tests.integration.prometheus import (
     BROKER_JOB,
     ROUTER_JOB,
     Prometheus,
-    absent_requirements,
     rule_requirements,
     rules_doc,
+    wait_for_requirements,
 )
 
 pytestmark = pytest.mark.e2e
@@ -105,16 +105,7 @@ def test_every_metric_a_rule_uses_exists_on_the_lab(scraped: Scraped) -> None:
     p = scraped.prometheus
     p.wait_for(lambda: _all_up(scraped), 60, "scraping every lab router and the broker")
     needs = rule_requirements(rules_doc())
-    problems: list[str] = []
-
-    def complete() -> bool:
-        problems[:] = absent_requirements(p, needs)
-        return not problems
-
-    try:
-        p.wait_for(complete, 30, "showing every metric the rules use")
-    except AssertionError:
-        raise AssertionError("metrics the rules use are missing:\n" + "\n".join(problems)) from None
+    wait_for_requirements(p, needs, 30)
 
 
 def _down(scraped: Scraped, instance: str) -> list[dict[str, Any]]:

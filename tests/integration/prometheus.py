@@ -218,3 +218,20 @@ def absent_requirements(prometheus: Prometheus, needs: Mapping[str, set[str]]) -
         if lacking:
             problems.append(f"{name}: no label {', '.join(lacking)}")
     return problems
+
+
+def wait_for_requirements(
+    prometheus: Prometheus, needs: Mapping[str, set[str]], timeout: float
+) -> None:
+    """Wait until the live Prometheus has every metric and label of `needs`; AssertionError
+    listing what is still missing after `timeout` seconds."""
+    problems: list[str] = []
+
+    def complete() -> bool:
+        problems[:] = absent_requirements(prometheus, needs)
+        return not problems
+
+    try:
+        prometheus.wait_for(complete, timeout, "showing every metric the rules use")
+    except AssertionError:
+        raise AssertionError("metrics the rules use are missing:\n" + "\n".join(problems)) from None

@@ -33,9 +33,9 @@ from .prometheus import (
     BROKER_JOB,
     ROUTER_JOB,
     Prometheus,
-    absent_requirements,
     rule_requirements,
     rules_doc,
+    wait_for_requirements,
 )
 from .routers import Router, cloud_entry, free_port, request, start_all, stop_all, write_config
 
@@ -131,16 +131,7 @@ def test_every_metric_a_rule_uses_exists_with_its_labels(scraped: Scraped) -> No
     # the rules use the router's, the broker's and the status page's metrics: all of them
     assert {"scoperouter_requests_total", "scoperouter_broker_operations_total",
             "scoperouter_config_info"} <= needs.keys()  # fmt: skip
-    problems: list[str] = []
-
-    def complete() -> bool:
-        problems[:] = absent_requirements(p, needs)
-        return not problems
-
-    try:
-        p.wait_for(complete, 20, "showing every metric the rules use")
-    except AssertionError:
-        raise AssertionError("metrics the rules use are missing:\n" + "\n".join(problems)) from None
+    wait_for_requirements(p, needs, 20)
 
 
 def _router_down(p: Prometheus, instance: str) -> list[dict[str, Any]]:
