@@ -40,11 +40,6 @@ def config_digest(text: str) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
-def build_kind() -> str:
-    """The build this process runs: ``compiled`` or ``pure`` (:func:`scoperouter.build`)."""
-    return scoperouter.build()
-
-
 @dataclass(slots=True)
 class Workers:
     running: int = 0
@@ -57,7 +52,7 @@ class RouterFacts:
     cloud: str
     event_loop: str
     version: str = scoperouter.__version__
-    build: str = field(default_factory=build_kind)
+    build: str = field(default_factory=scoperouter.build)  # compiled or pure
     generation: int = 0
     loaded_at: float = 0.0  # unix time
     digest: str = ""
