@@ -12,6 +12,7 @@ connection count, while wrk runs:
 
     .venv/bin/python -m bench.profile --connections 1,50,1000
     .venv/bin/python -m bench.profile --connections 50 --py-spy ~/tools/bin/py-spy --top 25
+    .venv/bin/python -m bench.profile --connections 50 --py-spy ~/tools/bin/py-spy --native
     .venv/bin/python -m bench.profile --connections 1,50 --strace
 
 Run it on a quiet machine; see bench/README.md, "Profiling a router".
@@ -75,7 +76,10 @@ def spies(args: argparse.Namespace, workers: list[int], out: Path, conns: int) -
             path = out / f"py-spy-{conns}-{pid}.txt"
             files.append(path)
             argv = [args.py_spy, "record", "-p", str(pid), "-d", str(round(args.seconds))]
-            argv += ["-r", "250", "-f", "raw", "-o", str(path), "--nonblocking"]
+            argv += ["-r", "250", "-f", "raw", "-o", str(path)]
+            # --native stops the worker to read its C stack (py-spy refuses it with
+            # --nonblocking): the CPU figures of a native pass are not comparable
+            argv.append("--native" if args.native else "--nonblocking")
         elif args.strace:
             path = out / f"strace-{conns}-{pid}.txt"
             files.append(path)
@@ -95,6 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=8.0, help="seconds of load per point")
     parser.add_argument("--router-workers", type=int, default=2)
     parser.add_argument("--py-spy", metavar="PATH", help="py-spy's binary: sample each worker")
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help="with --py-spy: C frames too (the compiled build's functions are C: without it "
+        "their time is their Python caller's)",
+    )
     parser.add_argument("--strace", action="store_true", help="count each worker's syscalls")
     parser.add_argument("--top", type=int, default=15, help="functions shown per point")
     parser.add_argument("--out", default="profile-out", help="directory for the raw files")
