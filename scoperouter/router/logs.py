@@ -231,8 +231,8 @@ class BatchingHandler(logging.StreamHandler):  # type: ignore[type-arg]
                 self.flush()
 
 
-BATCH_LINES = 256
-BATCH_SECONDS = 0.5
+BATCH_LINES: Final = 256
+BATCH_SECONDS: Final = 0.5
 
 
 class Direct:
@@ -245,6 +245,9 @@ class Direct:
 
     def __init__(self, handler: BatchingHandler, formatter: JsonFormatter) -> None:
         self.handler, self.formatter = handler, formatter
+        lock = handler.lock  # Handler.__init__'s (reset in place in a forked child)
+        assert lock is not None
+        self._lock = lock
         self.root_handlers = logging.getLogger().handlers  # the list itself: kept up to date
         # the last line's millisecond and logger, and its text up to the message
         self._millis, self._logger, self._start = -1, "", ""
@@ -267,9 +270,12 @@ class Direct:
         return len(handlers) == 1 and handlers[0] is self.handler and not self.handler.filters
 
     def add(self, line: str) -> None:
-        handler = self.handler
-        with handler.lock:  # type: ignore[union-attr]  # created by Handler.__init__
-            handler.add(line)
+        lock = self._lock
+        lock.acquire()  # not `with`: two calls, where the compiled `with` makes three
+        try:
+            self.handler.add(line)
+        finally:
+            lock.release()
 
 
 def _plain(logger: logging.Logger) -> bool:
