@@ -12,23 +12,59 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import threading
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from json.encoder import encode_basestring
-from typing import Any
+from typing import Any, Final
 
 FIELDS = "fields"  # the `extra` key of structured fields
 # One encoder for all lines: json.dumps with options builds a new one per call.
 _ENCODER = json.JSONEncoder(
     ensure_ascii=False, default=str, check_circular=False, separators=(",", ":")
 )
-# A JSON string, quoted and escaped, as _ENCODER writes it (non-ASCII kept): json's C function.
-quote: Callable[[str], str] = encode_basestring
 _isfinite = math.isfinite
 _MILLIS = tuple(f".{n:03d}Z" for n in range(1000))  # a timestamp's end, by its milliseconds
+_INFO: Final = logging.INFO
+# A lone surrogate: a path or name decoded with surrogateescape (bytes that are not UTF-8).
+# json's encoder (ensure_ascii=False) keeps it as it is, and no UTF-8 stream can write it.
+_SURROGATE = re.compile(r"[\ud800-\udfff]")  # re reads the escapes
+
+
+def as_is(text: str) -> bool:
+    """Whether `text` goes between a JSON string's quotes as it is: printable ASCII, neither
+    ``"`` nor ``\\`` (most values: a path, a method, a cloud's name). Per character, so the
+    concatenation of values is as-is exactly when each value is."""
+    return text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
+
+
+def quote(text: str) -> str:
+    """`text` as a JSON string, the text :func:`_encode` writes for it: as it is between
+    quotes when :func:`as_is` (no call into json), else by json's C escaper."""
+    if text.isascii():
+        if text.isprintable() and '"' not in text and "\\" not in text:
+            return f'"{text}"'
+        return encode_basestring(text)
+    return _escape_surrogates(encode_basestring(text))
+
+
+def _escape_surrogates(encoded: str) -> str:
+    """JSON text with each lone surrogate written as its escape (they are only in strings)."""
+    if _SURROGATE.search(encoded) is None:
+        return encoded
+    return _SURROGATE.sub(_surrogate_escape, encoded)
+
+
+def _surrogate_escape(found: re.Match[str]) -> str:
+    return f"\\u{ord(found.group()):04x}"
+
+
+def _encode(value: Any) -> str:
+    """`value` as _ENCODER writes it, except that a lone surrogate is written as its
+    ``\\uXXXX`` escape: the line stays valid UTF-8 and decodes to the same value."""
+    return _escape_surrogates(_ENCODER.encode(value))
 
 
 def _json_value(value: Any) -> str:
@@ -42,7 +78,7 @@ def _json_value(value: Any) -> str:
         return float.__repr__(value)  # json's own choice for a finite float
     if value is None:
         return "null"
-    return _ENCODER.encode(value)
+    return _encode(value)
 
 
 class JsonFormatter(logging.Formatter):
@@ -51,26 +87,34 @@ class JsonFormatter(logging.Formatter):
     Cheap enough for a line per request (the access log writes one): the line is written as
     text, not built as a dict and encoded. What is the same on every line of a logger (level,
     logger name, the static fields) is encoded once; the timestamp's text once per second;
-    field names once each; field values of the common kinds (str, int, None) by json's C
-    string escaper. The output is the JSON ``_ENCODER.encode`` makes of the same entry (a test
-    holds it to that)."""
+    field names once each; field values of the common kinds (str, int, None) without json's
+    encoder (strings by :func:`quote`). The output is the JSON ``_ENCODER.encode`` makes of
+    the same entry, lone surrogates escaped (:func:`_encode`; a test holds it to that)."""
 
     def __init__(self, static: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.static = dict(static or {})
-        self._second = -1
-        self._prefix = ""
+        # a second and its text (one attribute: a thread logging meanwhile reads one pair)
+        self._second_text: tuple[int, str] = (-1, "")
         # (level name, logger name) -> '","level":...,"msg":' (bounded: few of each exist)
         self._heads: dict[tuple[str, str], str] = {}
         self._keys: dict[str, str] = {}  # field name -> ',"name":'
         self._reserved = frozenset({"ts", "level", "logger", "msg", "exc", *self.static})
 
     def _timestamp(self, created: float) -> str:
-        second = int(created)
-        if second != self._second:
-            stamp = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
-            self._second, self._prefix = second, stamp
-        return self._prefix + _MILLIS[min(int((created - second) * 1000), 999)]
+        """``2026-01-01T00:00:00.000Z``: the time `created` (seconds), to the millisecond."""
+        return self._stamp(int(created * 1000))
+
+    def _stamp(self, millis: int) -> str:
+        """The timestamp of `millis` milliseconds since the epoch (what :meth:`_timestamp`
+        writes for any time within that millisecond: the text changes at no other clock
+        value)."""
+        second = millis // 1000
+        cached = self._second_text
+        if cached[0] != second:
+            text = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+            cached = self._second_text = (second, text)
+        return cached[1] + _MILLIS[millis - second * 1000]
 
     def format(self, record: logging.LogRecord) -> str:
         fields: dict[str, Any] | None = record.__dict__.get(FIELDS)
@@ -91,7 +135,7 @@ class JsonFormatter(logging.Formatter):
         """The encoded text between the timestamp and the message, for this level and logger
         (cached: few of each exist)."""
         entry = {"level": level, "logger": logger, **self.static}
-        head = '",' + _ENCODER.encode(entry)[1:-1] + ',"msg":'
+        head = '",' + _encode(entry)[1:-1] + ',"msg":'
         if len(self._heads) < 256:
             self._heads[(level, logger)] = head
         return head
@@ -115,7 +159,7 @@ class JsonFormatter(logging.Formatter):
             entry.update(fields)
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return _ENCODER.encode(entry)
+        return _encode(entry)
 
 
 class TextFormatter(logging.Formatter):
@@ -161,9 +205,11 @@ class BatchingHandler(logging.StreamHandler):  # type: ignore[type-arg]
             self._write()
 
     def _write(self) -> None:
-        if self._pending:
-            text = "\n".join(self._pending) + "\n"
-            self._pending.clear()
+        pending = self._pending
+        if pending:
+            pending.append("")  # the last line's end: one string made, not two
+            text = "\n".join(pending)
+            pending.clear()
             try:
                 self.stream.write(text)
                 self.stream.flush()
@@ -185,40 +231,51 @@ class BatchingHandler(logging.StreamHandler):  # type: ignore[type-arg]
                 self.flush()
 
 
-BATCH_LINES = 256
-BATCH_SECONDS = 0.5
+BATCH_LINES: Final = 256
+BATCH_SECONDS: Final = 0.5
 
 
 class Direct:
     """Writes lines straight to the JSON handler :func:`setup` installed, for a line per request.
 
-    Only while that handler is the only one that would see the logger's records (:func:`direct`
-    says): the caller then renders the same text :class:`JsonFormatter` would (from
-    :meth:`start` on), without the LogRecord and the logging machinery around it, which cost
-    more than the line itself."""
+    Only while that handler is the only one that would see the logger's records (a
+    :class:`Route` says): the caller then renders the same text :class:`JsonFormatter` would
+    (from :meth:`start` on), without the LogRecord and the logging machinery around it, which
+    cost more than the line itself."""
 
     def __init__(self, handler: BatchingHandler, formatter: JsonFormatter) -> None:
         self.handler, self.formatter = handler, formatter
+        lock = handler.lock  # Handler.__init__'s (reset in place in a forked child)
+        assert lock is not None
+        self._lock = lock
         self.root_handlers = logging.getLogger().handlers  # the list itself: kept up to date
-        # logger name -> no handler or filter on its way up (checked once per logger)
-        self.plain: dict[str, bool] = {}
-        # the current second's '{"ts":"YYYY-MM-DDTHH:MM:SS' and the text after the time
-        self._second, self._logger, self._prefix, self._head = -1, "", "", ""
+        # the last line's millisecond and logger, and its text up to the message
+        self._millis, self._logger, self._start = -1, "", ""
 
     def start(self, logger: str, created: float) -> str:
-        """An INFO line's text up to its message: ``{"ts":...,"msg":``."""
-        second = int(created)
-        if second != self._second or logger != self._logger:  # once a second (per logger)
+        """An INFO line's text up to its message: ``{"ts":...,"msg":``. Made once per
+        millisecond (per logger), the precision of the line's timestamp."""
+        millis = int(created * 1000)
+        if millis != self._millis or logger != self._logger:
             formatter = self.formatter
             head = formatter._heads.get(("INFO", logger)) or formatter._head("INFO", logger)
-            self._second, self._logger, self._head = second, logger, head
-            self._prefix = '{"ts":"' + formatter._timestamp(second)[:-5]  # less ".mmmZ"
-        return self._prefix + _MILLIS[min(int((created - second) * 1000), 999)] + self._head
+            self._start = '{"ts":"' + formatter._stamp(millis) + head
+            self._millis, self._logger = millis, logger
+        return self._start
+
+    def sole(self) -> bool:
+        """Whether the handler is still the root's only one, without a filter (a test's
+        capturing handler, added at any time, sees the records again)."""
+        handlers = self.root_handlers
+        return len(handlers) == 1 and handlers[0] is self.handler and not self.handler.filters
 
     def add(self, line: str) -> None:
-        handler = self.handler
-        with handler.lock:  # type: ignore[union-attr]  # created by Handler.__init__
-            handler.add(line)
+        lock = self._lock
+        lock.acquire()  # not `with`: two calls, where the compiled `with` makes three
+        try:
+            self.handler.add(line)
+        finally:
+            lock.release()
 
 
 def _plain(logger: logging.Logger) -> bool:
@@ -234,19 +291,48 @@ def _plain(logger: logging.Logger) -> bool:
 _direct: Direct | None = None
 
 
-def direct(logger: logging.Logger) -> Direct | None:
-    """The :class:`Direct` writer for `logger`'s lines, or None: log them the usual way (a
-    test's capturing handler, a filter, the text format...)."""
-    writer = _direct
-    if writer is None:
-        return None
-    handlers = writer.root_handlers
-    if len(handlers) != 1 or handlers[0] is not writer.handler or writer.handler.filters:
-        return None
-    plain = writer.plain.get(logger.name)
-    if plain is None:
-        plain = writer.plain[logger.name] = _plain(logger)
-    return writer if plain else None
+class Route:
+    """Where a logger's INFO lines go: nowhere (INFO is not enabled), the :class:`Direct`
+    writer, or the logging machinery (a test's capturing handler, a filter, the text
+    format...). Resolved again when logging changed, not per line: a level set anywhere or
+    :func:`logging.disable` (logging then forgets its cached answer for the logger, this
+    compares the answer it caches again with its own), :func:`setup` run again, the logger
+    disabled; a handler or filter added to the logger or a parent (not the root) is seen at
+    the next resolution. Whether the handler is still the root's only one is checked per line
+    (a capturing handler can be added at any time; the check costs less than a call)."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+        self.name = logger.name
+        self.enabled = False  # INFO is (as of the last resolution)
+        self._direct: Direct | None = None  # the writer, when the logger's lines may go there
+        self._setup: Direct | None = None  # setup's writer when resolved
+        # logging's own cache of the logger's answers by level (CPython's Logger._cache,
+        # cleared at every level change); None: not there, resolve at every line
+        self._levels: dict[int, bool] | None = None
+
+    def writer(self) -> Direct | None:
+        """The Direct writer for this line, or None: log it the usual way when
+        :attr:`enabled`, else not at all."""
+        levels = self._levels
+        if (
+            levels is None
+            or levels.get(_INFO) is not self.enabled
+            or self._setup is not _direct
+            or self.logger.disabled
+        ):
+            self._resolve()
+        direct = self._direct
+        return direct if direct is not None and direct.sole() else None
+
+    def _resolve(self) -> None:
+        logger = self.logger
+        self.enabled = logger.isEnabledFor(_INFO)
+        levels = getattr(logger, "_cache", None)
+        self._levels = levels if isinstance(levels, dict) else None
+        writer = self._setup = _direct
+        plain = writer is not None and self.enabled and _plain(logger)
+        self._direct = writer if plain else None
 
 
 def setup(level: str, fmt: str, cloud: str | None = None, worker: int | None = None) -> None:

@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import time
+from json.encoder import encode_basestring
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,7 +17,16 @@ from scoperouter.router.logs import (
     Direct,
     JsonFormatter,
     TextFormatter,
+    as_is,
+    quote,
 )
+
+# Text as a surrogateescape-decoded path or name carries bytes that are not UTF-8: lone
+# surrogates (st.text() never makes them).
+_SURROGATE_ESCAPED = st.binary(max_size=12).map(lambda b: b.decode("utf-8", "surrogateescape"))
+_TEXT = st.text() | _SURROGATE_ESCAPED
+# One handler for the Direct writers of the tests that need one (each starts a flush thread).
+_HANDLER = BatchingHandler(io.StringIO())
 
 
 def record(level: int = logging.INFO, **fields: object) -> logging.LogRecord:
@@ -85,12 +95,13 @@ def test_a_broken_stream_never_breaks_the_caller() -> None:
 
 
 _VALUES = (
-    st.text()
+    _TEXT
     | st.integers()
     | st.floats()
     | st.booleans()
     | st.none()
     | st.lists(st.integers(), max_size=3)
+    | st.lists(_SURROGATE_ESCAPED, max_size=2)
 )
 
 
@@ -98,12 +109,13 @@ _VALUES = (
 @given(
     fields=st.dictionaries(
         st.sampled_from(["request_id", "path", "status", "ms", "msg", "router", "x", "é"])
-        | st.text(max_size=8),
+        | st.text(max_size=8)
+        | _SURROGATE_ESCAPED,
         _VALUES,
         max_size=8,
     ),
-    message=st.text(max_size=20),
-    logger=st.sampled_from(["scoperouter.access", "scoperouter", 'a"b\\c']),
+    message=st.text(max_size=20) | _SURROGATE_ESCAPED,
+    logger=st.sampled_from(["scoperouter.access", "scoperouter", 'a"b\\c', "a\udcffb"]),
 )
 def test_json_lines_are_what_the_encoder_makes_of_the_entry(
     fields: dict[str, object], message: str, logger: str
@@ -118,6 +130,34 @@ def test_json_lines_are_what_the_encoder_makes_of_the_entry(
     assert line == formatter._format_entry(rec, fields)
     assert formatter.format(rec) == line  # the cached parts give the same line again
     assert "\n" not in line
+    line.encode("utf-8")  # strict: lone surrogates are escaped
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=_TEXT | st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E)))
+def test_quote_writes_jsons_string_and_escapes_lone_surrogates(text: str) -> None:
+    """quote: json's own text for a string (printable ASCII without a quote or backslash as
+    it is, between quotes); a lone surrogate, which json keeps and no UTF-8 stream can write,
+    as its \\uXXXX escape: the same string once decoded."""
+    quoted = quote(text)
+    assert json.loads(quoted) == text
+    quoted.encode("utf-8")  # strict
+    if not any(0xD800 <= ord(c) <= 0xDFFF for c in text):
+        assert quoted == encode_basestring(text)
+    assert as_is(text) == all(0x20 <= ord(c) <= 0x7E and c not in '"\\' for c in text)
+    if as_is(text):
+        assert quoted == f'"{text}"'
+    if any(c in '"\\' or ord(c) < 0x20 for c in text):
+        assert quoted != f'"{text}"'
+
+
+def test_lone_surrogates_are_escaped_in_every_part_of_a_line() -> None:
+    path = b"/v2/\xff\xfe".decode("utf-8", "surrogateescape")
+    assert quote(path) == '"/v2/\\udcff\\udcfe"' and quote("é\udcff") == '"é\\udcff"'
+    line = JsonFormatter({"router": "Cloud\udce9"}).format(record(path=path, tags=[path]))
+    assert "\\udcff\\udcfe" in line and '"router":"Cloud\\udce9"' in line
+    entry = json.loads(line.encode("utf-8"))
+    assert entry["path"] == path and entry["tags"] == [path]
 
 
 def test_timestamps_keep_three_digits_of_milliseconds_at_a_seconds_edge() -> None:
@@ -138,10 +178,31 @@ def test_the_direct_writers_line_start_is_the_formatters_across_seconds_and_logg
     access line's writer): what it gives is always the formatter's own text, whatever the
     time does (a new second, an edge, backwards) and whichever logger asks."""
     formatter = JsonFormatter({"router": "CloudOne", "pid": 7})
-    direct = Direct(BatchingHandler(io.StringIO()), formatter)
+    direct = Direct(_HANDLER, formatter)
     times = [1_700_000_000.25, 1_700_000_000.9999999, 1_700_000_001.0004, 1_700_000_001 - 1e-7]
     times += [1_700_000_061.5, 1_600_000_000.125, 1_700_000_061.5]
+    times += [1_700_000_061.5004, 1_700_000_061.5011, 1_700_000_061.5011, 1_700_000_061.5009]
     for created in times:
         for logger in ("scoperouter.access", "scoperouter", "scoperouter.access"):
             expected = formatter._timestamp(created) + formatter._head("INFO", logger)
             assert direct.start(logger, created) == '{"ts":"' + expected, (logger, created)
+    # kept for the millisecond it was made for, not the second
+    assert direct.start("scoperouter", 1_700_000_061.5011).startswith(
+        '{"ts":"2023-11-14T22:14:21.501Z"'
+    )
+    assert direct.start("scoperouter", 1_700_000_061.5029).startswith(
+        '{"ts":"2023-11-14T22:14:21.502Z"'
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(min_value=0, max_value=4_000_000_000, allow_nan=False), min_size=1))
+def test_the_direct_writers_timestamp_is_the_formatters_at_any_time(times: list[float]) -> None:
+    """Whatever times follow each other (same millisecond, next one, backwards, edges),
+    Direct.start's cached text is the formatter's for that time."""
+    formatter = JsonFormatter()
+    direct = Direct(_HANDLER, formatter)
+    for created in times:
+        for near in (created, created + 1e-4, created + 1e-3, created - 1e-4):
+            expected = '{"ts":"' + formatter._timestamp(near) + formatter._head("INFO", "x")
+            assert direct.start("x", near) == expected

@@ -507,21 +507,33 @@ class _Clock:
         return 1_700_000_000.5
 
 
-@settings(max_examples=200, deadline=None)
+# What a request's method and path may be in the line: the usual (printable ASCII, written as
+# it is), anything (quotes, backslashes, control characters, non-ASCII), and bytes that are not
+# UTF-8 as a surrogateescape-decoded path carries them (lone surrogates).
+_PRINTABLE = st.characters(min_codepoint=0x20, max_codepoint=0x7E)
+_SURROGATE_ESCAPED = st.binary(max_size=30).map(lambda b: b.decode("utf-8", "surrogateescape"))
+_HOSTILE = st.text(_PRINTABLE, max_size=30) | st.text(max_size=30) | _SURROGATE_ESCAPED
+_LINES = logs.BatchingHandler(io.StringIO())  # one for all examples (each starts a thread)
+_LINES.setFormatter(logs.JsonFormatter({"pid": 7, "router": "CloudOne", "worker": 0}))
+
+
+@settings(max_examples=300, deadline=None)
 @given(
-    method=st.text(min_size=1, max_size=8),
-    path=st.text(max_size=30),
+    method=st.text(_PRINTABLE, min_size=1, max_size=8) | _HOSTILE.filter(bool),
+    path=_HOSTILE,
+    request=st.sampled_from(["req-1", 'req-"2\\', "req-\udcff"]),
     status=st.sampled_from([0, 200, 204, 400, 404, 502, 508]),
     elapsed=st.floats(min_value=0, max_value=200_000, allow_nan=False),
     decision=st.sampled_from(["local", "remote", "refused", "none", "failover"]),
-    message=st.none() | st.text(max_size=200),
+    message=st.none() | st.text(max_size=200) | _SURROGATE_ESCAPED,
     error=st.none() | st.text(max_size=200),
-    tried=st.none() | st.text(max_size=400),
+    tried=st.none() | st.text(max_size=400) | _SURROGATE_ESCAPED,
     stripped=st.sampled_from([(), ("x-roles",), ("x-is-admin-project", "x-roles", "x-user-id")]),
 )
 def test_the_direct_access_line_is_the_logging_line(
     method: str,
     path: str,
+    request: str,
     status: int,
     elapsed: float,
     decision: str,
@@ -532,11 +544,11 @@ def test_the_direct_access_line_is_the_logging_line(
 ) -> None:
     """The access line is written straight to the router's JSON handler (no LogRecord: a
     third of its cost); it must be the very line the logging machinery writes for the same
-    request when another handler is in the way (a test's caplog, a filter)."""
-    stream = io.StringIO()
-    handler = logs.BatchingHandler(stream)
-    formatter = logs.JsonFormatter({"pid": 7, "router": "CloudOne", "worker": 0})
-    handler.setFormatter(formatter)
+    request when another handler is in the way (a test's caplog, a filter), whatever the
+    request sent: one line of valid JSON (lone surrogates escaped: it is valid UTF-8), the
+    values as they were, the free-text fields within their caps."""
+    handler, formatter = _LINES, _LINES.formatter
+    assert isinstance(formatter, logs.JsonFormatter)
     root = logging.getLogger()
     saved = (root.handlers[:], root.level, logs._direct)
     root.handlers[:] = [handler]
@@ -555,11 +567,12 @@ def test_the_direct_access_line_is_the_logging_line(
         "none": None,
         "failover": Failover("image", "CloudDown | Cloud\"Two", ()),
     }[decision]  # fmt: skip
-    lines = []
+    lines: list[str] = []
+    handler._pending.clear()
     try:
         for capture in (False, True):
             state = RequestState(
-                request_id="req-1", headers={}, method=method, path=path, started=1000.0
+                request_id=request, headers={}, method=method, path=path, started=1000.0
             )
             state.decision, state.message, state.tried = chosen, message, tried
             state.stripped = stripped
@@ -574,9 +587,18 @@ def test_the_direct_access_line_is_the_logging_line(
     finally:
         root.handlers[:], logs._direct = saved[0], saved[2]
         root.setLevel(saved[1])
+    # the direct writer's line has the fixed clock's time, the machinery's record its own
+    assert lines[0].startswith('{"ts":"2023-11-14T22:13:20.500Z"')
+    assert not lines[1].startswith('{"ts":"2023-11-14T22:13:20.500Z"')
     direct, machinery = (json.loads(line) for line in lines)
     assert direct.pop("ts").endswith("Z") and machinery.pop("ts").endswith("Z")
     # the same text after the timestamp (the machinery's record has its own clock)
     assert lines[0].partition('","level"')[2] == lines[1].partition('","level"')[2]
     assert direct == machinery and direct["method"] == method and direct["path"] == path
+    assert direct["request_id"] == request and direct["msg"].startswith(f"{method} {path} ")
     assert direct.get("stripped", "") == ",".join(stripped)
+    assert len(direct.get("reason", "")) <= 160 and len(direct.get("error", "")) <= 160
+    assert len(direct.get("tried", "")) <= 300
+    for line in lines:  # strict UTF-8 (no lone surrogate left), one line to any reader
+        assert line.encode("utf-8").splitlines() == [line.encode("utf-8")]
+        assert not any(ord(c) < 0x20 for c in line)
