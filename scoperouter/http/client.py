@@ -97,9 +97,7 @@ async def exchange(
         sending: asyncio.Task[None] | None = None
         if isinstance(body, Body):
             conn.write(head)
-            sending = asyncio.get_running_loop().create_task(
-                _send(body, conn, chunked, response_timeout)
-            )
+            sending = conn.event_loop().create_task(_send(body, conn, chunked, response_timeout))
         else:
             conn.write(head + body if body else head)
             conn.deadline = time.monotonic() + response_timeout

@@ -51,10 +51,11 @@ class Body:
     """A request body on its way from the client: chunks queued, reading paused while more
     than :data:`HIGH_WATER` bytes wait (resumed as they are taken)."""
 
-    __slots__ = ("_waiter", "chunks", "complete", "conn", "done", "error", "size")
+    __slots__ = ("_loop", "_waiter", "chunks", "complete", "conn", "done", "error", "size")
 
-    def __init__(self, conn: Reader) -> None:
+    def __init__(self, conn: Reader, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.conn = conn
+        self._loop = loop  # the connection's (else asked of asyncio when first waited for)
         self.chunks: collections.deque[bytes] = collections.deque()
         self.size = 0
         self.done = False
@@ -88,7 +89,10 @@ class Body:
                 return None
             if self.conn.closed:
                 raise ClientGone()
-            self._waiter = asyncio.get_running_loop().create_future()
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
+            self._waiter = loop.create_future()
             await self._waiter
         data = self.chunks.popleft()
         self.size -= len(data)
