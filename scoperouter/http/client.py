@@ -51,7 +51,8 @@ class ExchangeError(Exception):
         self.kind, self.reason, self.connected = kind, reason, connected
 
 
-@dataclass(slots=True, eq=False)
+# __init__ written out: dataclasses' is Python code even in the compiled build (one per request)
+@dataclass(slots=True, eq=False, init=False)
 class Answer:
     """The final answer's head, and the connection carrying its body."""
 
@@ -60,6 +61,17 @@ class Answer:
     fields: Fields
     conn: UpstreamConnection
     sending: asyncio.Task[None] | None  # the body still being sent (answered early)
+
+    def __init__(
+        self,
+        status: int,
+        reason: bytes,
+        fields: Fields,
+        conn: UpstreamConnection,
+        sending: asyncio.Task[None] | None,
+    ) -> None:
+        self.status, self.reason, self.fields = status, reason, fields
+        self.conn, self.sending = conn, sending
 
 
 async def exchange(

@@ -101,7 +101,8 @@ class Body:
         return data
 
 
-@dataclass(slots=True, kw_only=True)
+# __init__ written out: dataclasses' is Python code even in the compiled build (one per request)
+@dataclass(slots=True, kw_only=True, init=False)
 class Request:
     """A request whose head is complete and checked (its body may still be arriving)."""
 
@@ -121,3 +122,16 @@ class Request:
     has_body: bool  # chunked, or a Content-Length above 0
     # identity fields dropped from the head (keystonemiddleware's names, lower-case, sorted)
     stripped: tuple[str, ...] = ()
+
+    # fmt: off
+    def __init__(
+        self, *, method: str, target: bytes, authority: str | None, version: str,
+        fields: Fields, headers: dict[str, str], connection: frozenset[bytes],
+        keep_alive: bool, chunked: bool, length: int | None, body: Body, started: float,
+        has_body: bool, stripped: tuple[str, ...] = (),
+    ) -> None:
+        self.method, self.target, self.authority, self.version = method, target, authority, version
+        self.fields, self.headers, self.connection = fields, headers, connection
+        self.keep_alive, self.chunked, self.length, self.body = keep_alive, chunked, length, body
+        self.started, self.has_body, self.stripped = started, has_body, stripped
+    # fmt: on

@@ -1,6 +1,7 @@
 """What one request costs the worker besides its bytes, through a real worker (its reverse
 server, pipeline and upstream pool) in front of a scripted backend (tests/unit/test_http.py's
-rig), on a client connection kept alive: no system call to find the event loop.
+rig), on a client connection kept alive: no system call to find the event loop, no object
+built by a dataclass-generated ``__init__`` (Python code even in the compiled build).
 
 Each is looked at over requests that follow a first one (which opened the upstream connection:
 a connect is once per connection), without the worker's sweep (once per tick, not per request).
@@ -11,9 +12,12 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
+import sys
 import traceback
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from .test_http import HOST, Rig, ok, rig, statuses
 
@@ -100,3 +104,25 @@ def test_a_request_never_asks_asyncio_for_the_running_loop(tmp_path: Path) -> No
     got = _after_a_first_request(tmp_path, window)
     assert statuses(got) == [200, 200]
     assert calls == [], "\n".join(calls)
+
+
+def test_a_request_builds_nothing_with_a_dataclass_generated_init(tmp_path: Path) -> None:
+    made: list[str] = []
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        code = frame.f_code
+        if event == "call" and code.co_name == "__init__" and "__create_fn__" in code.co_qualname:
+            kind = type(frame.f_locals.get("self"))
+            if kind.__module__.startswith("scoperouter."):  # not the scripted backend's
+                made.append(f"{kind.__module__}.{kind.__qualname__}")
+
+    async def window(send: _Send) -> bytes:
+        sys.setprofile(profile)
+        try:
+            return await send()
+        finally:
+            sys.setprofile(None)
+
+    got = _after_a_first_request(tmp_path, window)
+    assert statuses(got) == [200, 200]
+    assert made == []
