@@ -21,7 +21,6 @@ gives the connection back to the pool or closes it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ssl
 import time
 from collections.abc import Callable
@@ -318,9 +317,7 @@ def finish(pool: Pool, answer: Answer) -> None:
     if sending is not None and not sending.done():
         sending.cancel()
     elif sending is not None and not sending.cancelled():
-        with contextlib.suppress(BaseException):
-            sending.result()  # retrieved: its failure was the exchange's
-        sent = sending.exception() is None
+        sent = sending.exception() is None  # retrieved: its failure was the exchange's
     if sent and conn.keep_alive and conn.complete and conn.open:
         pool.give_back(conn)
     else:
