@@ -21,7 +21,6 @@ gives the connection back to the pool or closes it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ssl
 import time
 from collections.abc import Callable
@@ -51,7 +50,8 @@ class ExchangeError(Exception):
         self.kind, self.reason, self.connected = kind, reason, connected
 
 
-@dataclass(slots=True, eq=False)
+# __init__ written out: dataclasses' is Python code even in the compiled build (one per request)
+@dataclass(slots=True, eq=False, init=False)
 class Answer:
     """The final answer's head, and the connection carrying its body."""
 
@@ -60,6 +60,17 @@ class Answer:
     fields: Fields
     conn: UpstreamConnection
     sending: asyncio.Task[None] | None  # the body still being sent (answered early)
+
+    def __init__(
+        self,
+        status: int,
+        reason: bytes,
+        fields: Fields,
+        conn: UpstreamConnection,
+        sending: asyncio.Task[None] | None,
+    ) -> None:
+        self.status, self.reason, self.fields = status, reason, fields
+        self.conn, self.sending = conn, sending
 
 
 async def exchange(
@@ -97,9 +108,7 @@ async def exchange(
         sending: asyncio.Task[None] | None = None
         if isinstance(body, Body):
             conn.write(head)
-            sending = asyncio.get_running_loop().create_task(
-                _send(body, conn, chunked, response_timeout)
-            )
+            sending = conn.event_loop().create_task(_send(body, conn, chunked, response_timeout))
         else:
             conn.write(head + body if body else head)
             conn.deadline = time.monotonic() + response_timeout
@@ -308,9 +317,7 @@ def finish(pool: Pool, answer: Answer) -> None:
     if sending is not None and not sending.done():
         sending.cancel()
     elif sending is not None and not sending.cancelled():
-        with contextlib.suppress(BaseException):
-            sending.result()  # retrieved: its failure was the exchange's
-        sent = sending.exception() is None
+        sent = sending.exception() is None  # retrieved: its failure was the exchange's
     if sent and conn.keep_alive and conn.complete and conn.open:
         pool.give_back(conn)
     else:

@@ -33,10 +33,20 @@ def stream_transport(transport: asyncio.BaseTransport) -> asyncio.Transport:
 
 
 class FlowControl:
-    __slots__ = ("_transport", "_write_ready", "closed", "read_paused", "write_paused_since")
+    __slots__ = (
+        "_loop",
+        "_transport",
+        "_write_ready",
+        "closed",
+        "read_paused",
+        "write_paused_since",
+    )
 
-    def __init__(self, transport: asyncio.Transport) -> None:
+    def __init__(
+        self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop | None = None
+    ) -> None:
         self._transport = transport
+        self._loop = loop  # the connection's (else asked of asyncio when first needed)
         self._write_ready: asyncio.Future[None] | None = None
         self.read_paused = False
         self.write_paused_since: float | None = None  # time.monotonic()
@@ -55,7 +65,10 @@ class FlowControl:
     def pause_writing(self) -> None:
         """asyncio's ``Protocol.pause_writing``: the write buffer is full."""
         if self._write_ready is None:
-            self._write_ready = asyncio.get_running_loop().create_future()
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
+            self._write_ready = loop.create_future()
             self.write_paused_since = time.monotonic()
 
     def resume_writing(self) -> None:

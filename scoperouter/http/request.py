@@ -51,10 +51,11 @@ class Body:
     """A request body on its way from the client: chunks queued, reading paused while more
     than :data:`HIGH_WATER` bytes wait (resumed as they are taken)."""
 
-    __slots__ = ("_waiter", "chunks", "complete", "conn", "done", "error", "size")
+    __slots__ = ("_loop", "_waiter", "chunks", "complete", "conn", "done", "error", "size")
 
-    def __init__(self, conn: Reader) -> None:
+    def __init__(self, conn: Reader, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.conn = conn
+        self._loop = loop  # the connection's (else asked of asyncio when first waited for)
         self.chunks: collections.deque[bytes] = collections.deque()
         self.size = 0
         self.done = False
@@ -88,7 +89,10 @@ class Body:
                 return None
             if self.conn.closed:
                 raise ClientGone()
-            self._waiter = asyncio.get_running_loop().create_future()
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
+            self._waiter = loop.create_future()
             await self._waiter
         data = self.chunks.popleft()
         self.size -= len(data)
@@ -97,7 +101,8 @@ class Body:
         return data
 
 
-@dataclass(slots=True, kw_only=True)
+# __init__ written out: dataclasses' is Python code even in the compiled build (one per request)
+@dataclass(slots=True, kw_only=True, init=False)
 class Request:
     """A request whose head is complete and checked (its body may still be arriving)."""
 
@@ -117,3 +122,16 @@ class Request:
     has_body: bool  # chunked, or a Content-Length above 0
     # identity fields dropped from the head (keystonemiddleware's names, lower-case, sorted)
     stripped: tuple[str, ...] = ()
+
+    # fmt: off
+    def __init__(
+        self, *, method: str, target: bytes, authority: str | None, version: str,
+        fields: Fields, headers: dict[str, str], connection: frozenset[bytes],
+        keep_alive: bool, chunked: bool, length: int | None, body: Body, started: float,
+        has_body: bool, stripped: tuple[str, ...] = (),
+    ) -> None:
+        self.method, self.target, self.authority, self.version = method, target, authority, version
+        self.fields, self.headers, self.connection = fields, headers, connection
+        self.keep_alive, self.chunked, self.length, self.body = keep_alive, chunked, length, body
+        self.started, self.has_body, self.stripped = started, has_body, stripped
+    # fmt: on

@@ -121,6 +121,9 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.flow: FlowControl | None = None
+        # Its event loop, from connection_made on (asyncio.get_running_loop() makes a getpid()
+        # system call at every call: once per connection, not per request or body).
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.peer: str | None = None
         self.queue: collections.deque[Request | Refusal] = collections.deque()
         self._wakeup: asyncio.Future[None] | None = None
@@ -150,7 +153,8 @@ class ClientConnection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport = stream_transport(transport)
-        self.flow = FlowControl(transport)
+        self.loop = loop = asyncio.get_running_loop()
+        self.flow = FlowControl(transport, loop)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else None
         sock = transport.get_extra_info("socket")
@@ -162,7 +166,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.state.connections.add(self)
         if self.state.on_open is not None:
             self.state.on_open()
-        self.task = asyncio.get_running_loop().create_task(self._serve())
+        self.task = loop.create_task(self._serve(loop))
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.closed:
@@ -340,7 +344,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             chunked=coding is not None,
             length=content_length,
             has_body=coding is not None or bool(content_length),
-            body=Body(self),
+            body=Body(self, self.loop),
             started=self.head_started or time.monotonic(),
             stripped=stripped,
         )
@@ -444,8 +448,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         if self._wakeup is not None and not self._wakeup.done():
             self._wakeup.set_result(None)
 
-    async def _serve(self) -> None:
-        loop = asyncio.get_running_loop()
+    async def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
             while not self.closed:
                 if not self.queue:

@@ -66,6 +66,9 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         self.origin = origin
         self.transport: asyncio.Transport | None = None
         self.flow: FlowControl | None = None
+        # Its event loop, from connection_made on: asyncio.get_running_loop() makes a getpid()
+        # system call at every call (CPython's check for a fork); wait() runs per exchange.
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.open = False
         self.idle_since = 0.0
@@ -100,7 +103,8 @@ class UpstreamConnection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport = stream_transport(transport)
-        self.flow = FlowControl(transport)
+        self.loop = loop = asyncio.get_running_loop()
+        self.flow = FlowControl(transport, loop)
         self.open = True
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -293,9 +297,16 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         self._in_head = True  # the answer's head is what comes first (no callback for it)
         self._overhead = 0
 
+    def event_loop(self) -> asyncio.AbstractEventLoop:
+        """The connection's event loop (asked of asyncio once, not per exchange)."""
+        loop = self.loop
+        if loop is None:
+            loop = self.loop = asyncio.get_running_loop()
+        return loop
+
     async def wait(self) -> None:
         """Until something happens (a head, the end, an error)."""
         if self.error is not None or self.complete or self.heads:
             return
-        self._waiter = asyncio.get_running_loop().create_future()
+        self._waiter = self.event_loop().create_future()
         await self._waiter

@@ -14,6 +14,7 @@ sweep (:meth:`ReverseServer.check`), not by a timer per request.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 import ssl
@@ -83,10 +84,7 @@ class ReverseServer:
             app = _Site(self, listener)
             context = frontend_context(frontend)
             if context is None:
-
-                def factory(app: _Site = app) -> ClientConnection:
-                    return ClientConnection(self.state, app)
-
+                factory = functools.partial(ClientConnection, self.state, app)
                 self.servers.append(await loop.create_server(factory, sock=sock, backlog=1024))
             else:
                 self.acceptors.append(loop.create_task(self._accept(sock, app, context)))
@@ -234,11 +232,11 @@ class _Answering:
                 reason=exc.reason,
                 connected=exc.connected,
             )
-        except BodyError as exc:
-            state.status, state.message = exc.status, exc.message
+        except BodyError as failed:  # (not `exc`: compiled, a name has one type per function)
+            state.status, state.message = failed.status, failed.message
             request.keep_alive = False
-            conn.write(wire.error_response(exc.status, exc.message, True, self._id(state)))
-            return Outcome(status=exc.status, error=exc.message)
+            conn.write(wire.error_response(failed.status, failed.message, True, self._id(state)))
+            return Outcome(status=failed.status, error=failed.message)
         self.server.pipeline.succeeded(plan.decision)
         try:
             body = None
@@ -368,7 +366,9 @@ def _request_head(request: Request, plan: Plan) -> bytes:
     if request.connection:
         drop = drop | request.connection
     lines = [f"{request.method} {plan.target} HTTP/1.1\r\n".encode("latin-1")]
-    lines += [b"%s: %s\r\n" % f for f in request.fields if f[0].lower() not in drop]
+    for name, value in request.fields:  # their parts joined once, at the end: no bytes per field
+        if name.lower() not in drop:
+            lines += (name, b": ", value, b"\r\n")
     if "host" not in request.headers and "host" not in edits:
         lines.append(f"Host: {plan.host}:{plan.port}\r\n".encode("latin-1"))
     # The plan's fields as one text, encoded once (not a name and a value per field: 12 %

@@ -75,7 +75,9 @@ from scoperouter.routing import (
 logger = logging.getLogger("scoperouter")
 
 
-@dataclass(slots=True, kw_only=True)
+# The __init__ of the classes built per request is written out: dataclasses' own is Python code
+# even in the compiled build (see routing.Forward).
+@dataclass(slots=True, kw_only=True, init=False)
 class Incoming:
     """A request whose head is in, as the pipeline needs it."""
 
@@ -88,8 +90,18 @@ class Incoming:
     started: float  # time.monotonic() of the head's first byte
     stripped: tuple[str, ...] = ()  # identity fields the HTTP layer dropped (their names)
 
+    # fmt: off
+    def __init__(
+        self, *, method: str, target: str, authority: str | None = None,
+        headers: Mapping[str, str], listener: Listener, tls: bool, started: float,
+        stripped: tuple[str, ...] = (),
+    ) -> None:
+        self.method, self.target, self.authority, self.headers = method, target, authority, headers
+        self.listener, self.tls, self.started, self.stripped = listener, tls, started, stripped
+    # fmt: on
 
-@dataclass(slots=True, kw_only=True, init=False)  # __init__ written out: see routing.Forward
+
+@dataclass(slots=True, kw_only=True, init=False)  # __init__ written out: see Incoming
 class Plan:
     """A request ready to go to one upstream."""
 
@@ -127,7 +139,10 @@ class Plan:
         self.response_timeout = response_timeout
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen (a frozen dataclass's __init__ could not be written out: it sets each field with
+# object.__setattr__), treated as immutable all the same: the reverse server shares one per
+# status (proxy/reverse.py, _answered).
+@dataclass(slots=True, init=False)
 class Outcome:
     """How the engine's send went: the status answered (and an error for the log), or how
     the upstream failed before any answer (`failed`: the pipeline answers)."""
@@ -138,6 +153,15 @@ class Outcome:
     timed_out: TimedOut | None = None
     reason: str = ""
     connected: bool = False
+
+    # fmt: off
+    def __init__(
+        self, status: int = 0, error: str | None = None, failed: bool = False,
+        timed_out: TimedOut | None = None, reason: str = "", connected: bool = False,
+    ) -> None:
+        self.status, self.error, self.failed = status, error, failed
+        self.timed_out, self.reason, self.connected = timed_out, reason, connected
+    # fmt: on
 
 
 class Engine(Protocol):

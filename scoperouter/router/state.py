@@ -34,7 +34,8 @@ def request_id(received: str | None) -> str:
     return f"{_PREFIX}-{next(_counter):x}"
 
 
-@dataclass(slots=True, kw_only=True)
+# __init__ written out: dataclasses' is Python code even in the compiled build (one per request)
+@dataclass(slots=True, kw_only=True, init=False)
 class RequestState:
     request_id: str
     headers: Mapping[str, str]  # the request's header fields as received, lower-case names
@@ -56,6 +57,22 @@ class RequestState:
     # The identity fields dropped from the client's head (only keystonemiddleware sets them):
     # their names, for the log (never their values).
     stripped: tuple[str, ...] = ()
+
+    # fmt: off
+    def __init__(
+        self, *, request_id: str, headers: Mapping[str, str], method: str, path: str,
+        started: float, decision: Forward | Reject | Combined | None = None,
+        authority: str | None = None, timed_out: Literal["connect", "response"] | None = None,
+        status: int | None = None, message: str | None = None, logged: bool = False,
+        counted: bool = False, tried: str | None = None, answered: str | None = None,
+        stripped: tuple[str, ...] = (),
+    ) -> None:
+        self.request_id, self.headers, self.method, self.path = request_id, headers, method, path
+        self.started, self.decision, self.authority = started, decision, authority
+        self.timed_out, self.status, self.message = timed_out, status, message
+        self.logged, self.counted, self.tried, self.answered = logged, counted, tried, answered
+        self.stripped = stripped
+    # fmt: on
 
 
 def new_state(

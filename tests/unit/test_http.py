@@ -106,7 +106,9 @@ async def read_all(reader: asyncio.StreamReader, wait: float) -> bytes:
 
 
 @asynccontextmanager
-async def rig(tmp_path: Path, answer: Answer) -> AsyncIterator[Rig]:
+async def rig(tmp_path: Path, answer: Answer, *, sweep: bool = True) -> AsyncIterator[Rig]:
+    """A worker in front of a backend answering with `answer`; `sweep`: the worker's sweep
+    runs (every deadline checked each tick), as in a router process."""
     seen: list[Seen] = []
     loop = asyncio.get_running_loop()
     backend = await loop.create_server(lambda: Backend(answer, seen), HOST, 0)
@@ -136,11 +138,12 @@ async def rig(tmp_path: Path, answer: Answer) -> AsyncIterator[Rig]:
     path.write_text(yaml.safe_dump(doc))
     worker = Worker(str(path), "Solo", tmp_path)
     await worker.reverse.start([i for i in worker.config.listeners if i.frontend], {})
-    sweeper = loop.create_task(worker.sweep())
+    sweeper = loop.create_task(worker.sweep()) if sweep else None
     try:
         yield Rig(port, seen, worker)
     finally:
-        sweeper.cancel()
+        if sweeper is not None:
+            sweeper.cancel()
         worker.reverse.stop_listening()
         worker.reverse.drain_step(late=True)
         worker.pool.close()
