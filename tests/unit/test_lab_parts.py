@@ -309,7 +309,9 @@ def test_network_stand_in_and_process_table(tmp_path: Path):
         assert group_members(rec.pgid) == [rec.pid]
     finally:
         assert table.stop("netstub", timeout=10) is True
-    assert not port_open(host, port)
+    # Gone, with every process of its group (not "its port closed": a test running beside
+    # this one may bind the same free port by then, a flake seen under a parallel run).
+    assert group_members(rec.pgid) == []
     assert table.get("netstub") is None
     assert table.stop("netstub") is False  # nothing left to stop
 
