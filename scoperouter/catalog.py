@@ -470,54 +470,26 @@ class Catalog:
     def __post_init__(self) -> None:
         by_location: dict[tuple[str, int], dict[str, _Located]] = {}
         by_target: dict[tuple[str, str, str], Endpoint] = {}
+        types_of: dict[str, frozenset[str]] = {}
         versioned: list[tuple[dict[str, _Located], str, _Located]] = []
         for cloud in self.clouds.values():
+            types: set[str] = set()
             for ep in cloud.endpoints:
                 by_target[(cloud.name, ep.service_type, ep.interface)] = ep
-                for kind, url in _urls(ep):
-                    location = (url.host, url.port)
-                    prefixes = by_location.get(location)
-                    if prefixes is None:
-                        prefixes = by_location[location] = {}
-                    path = url.path
-                    existing = prefixes.get(path)
-                    located: _Located = (ep, kind, False)
-                    prefixes[path] = (
-                        located if existing is None else _prefer(existing, located, url)
-                    )
-                    if "/v" in path:  # (the only paths strip_version may change)
-                        bare = strip_version(path)
-                        if bare != path:
-                            versioned.append((prefixes, bare, (ep, kind, True)))
+                types.add(ep.service_type)
+                _locate(by_location, versioned, ep, "public", ep.url)
+                _locate(by_location, versioned, ep, "backend", ep.backend)
+            if types:
+                types_of[cloud.name] = types_of.get(cloud.name, frozenset()) | types
         # Afterwards, so an exact URL always beats another endpoint's version-less form.
         for prefixes, bare, located in versioned:
             if bare not in prefixes:
                 prefixes[bare] = located
-        object.__setattr__(
-            self,
-            "_by_location",
-            {
-                location: (
-                    (
-                        tuple(prefixes.items())
-                        if len(prefixes) == 1
-                        else tuple(sorted(prefixes.items(), key=_longest_first))
-                    )
-                    if len(prefixes) <= _SCAN_MAX
-                    else None,
-                    prefixes,
-                )
-                for location, prefixes in by_location.items()
-            },
-        )
+        index = {location: (_ordered(p), p) for location, p in by_location.items()}
+        object.__setattr__(self, "_by_location", index)
         object.__setattr__(self, "_by_target", by_target)
         object.__setattr__(self, "service_types", frozenset(st for _, st, _ in by_target))
-        types_of: dict[str, set[str]] = {}
-        for cloud_name, service_type, _ in by_target:
-            types_of.setdefault(cloud_name, set()).add(service_type)
-        object.__setattr__(
-            self, "_types_of", {name: frozenset(types) for name, types in types_of.items()}
-        )
+        object.__setattr__(self, "_types_of", types_of)
 
     def published(self, host: str, port: int) -> bool:
         """Whether an endpoint URL or a backend of the catalog is at host:port."""
@@ -577,8 +549,35 @@ class Catalog:
 _INTERFACE_RANK = {name: rank for rank, name in enumerate(INTERFACES)}
 
 
-def _urls(ep: Endpoint) -> tuple[tuple[Literal["public", "backend"], URL], ...]:
-    return (("public", ep.url), ("backend", ep.backend))
+def _locate(
+    by_location: dict[tuple[str, int], dict[str, _Located]],
+    versioned: list[tuple[dict[str, _Located], str, _Located]],
+    ep: Endpoint,
+    kind: Literal["public", "backend"],
+    url: URL,
+) -> None:
+    """Index `url` (`ep`'s `kind` URL) by host:port and path; note its version-less form."""
+    location = (url.host, url.port)
+    prefixes = by_location.get(location)
+    if prefixes is None:
+        prefixes = by_location[location] = {}
+    path = url.path
+    existing = prefixes.get(path)
+    located: _Located = (ep, kind, False)
+    prefixes[path] = located if existing is None else _prefer(existing, located, url)
+    bare = strip_version(path)
+    if bare != path:
+        versioned.append((prefixes, bare, (ep, kind, True)))
+
+
+def _ordered(prefixes: dict[str, _Located]) -> tuple[tuple[str, _Located], ...] | None:
+    """The prefixes longest first (as inserted among equals); None past _SCAN_MAX."""
+    if len(prefixes) > _SCAN_MAX:
+        return None
+    items = tuple(prefixes.items())
+    if len(items) == 1 or (len(items) == 2 and len(items[0][0]) >= len(items[1][0])):
+        return items  # (most addresses: one prefix, or a versioned one and its root)
+    return tuple(sorted(items, key=_longest_first))
 
 
 def _longest_first(item: tuple[str, _Located]) -> int:

@@ -220,3 +220,26 @@ def test_strip_version_strips_what_the_regular_expression_did(path: str) -> None
 )
 def test_strip_version(path: str, stripped: str) -> None:
     assert strip_version(path) == stripped
+
+
+@pytest.mark.parametrize("paths", [("", "/image"), ("/image", ""), ("/a", "/b"), ("/b", "/a")])
+def test_two_prefixes_at_one_address_are_tried_longest_first(paths: tuple[str, str]) -> None:
+    """An address with two prefixes (the common case after one) is ordered without a sort:
+    longest first whatever the order they were published in, and each still matches."""
+    from scoperouter.catalog import Catalog, Cloud
+
+    endpoints = tuple(
+        Endpoint(
+            "One",
+            f"s{i}",
+            "public",
+            parse_url(f"http://gw.example{path}"),
+            parse_url(f"http://127.0.1.2:{9000 + i}{path}"),
+        )
+        for i, path in enumerate(paths)
+    )
+    cat = Catalog({"One": Cloud(name="One", region="R", frontends=(), endpoints=endpoints)})
+    for i, path in enumerate(paths):
+        m = cat.match("gw.example", 80, f"{path}/x?y")
+        assert m is not None and m.endpoint.service_type == f"s{i}" and m.rest == "/x?y"
+    assert cat.service_types_of("One") == {"s0", "s1"} == cat.service_types
