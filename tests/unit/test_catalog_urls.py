@@ -243,3 +243,32 @@ def test_two_prefixes_at_one_address_are_tried_longest_first(paths: tuple[str, s
         m = cat.match("gw.example", 80, f"{path}/x?y")
         assert m is not None and m.endpoint.service_type == f"s{i}" and m.rest == "/x?y"
     assert cat.service_types_of("One") == {"s0", "s1"} == cat.service_types
+
+
+def test_building_a_catalog_lets_other_threads_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker builds a reloaded catalog in a thread while its event loop serves; compiled,
+    that code would keep the GIL from start to end (no bytecode to switch at), so it hands
+    the GIL over every 128 clouds (time.sleep(0)) while it validates, checks the backends and
+    indexes."""
+    import time
+
+    from scoperouter.config import build_catalog
+
+    clouds = {
+        f"C{i}": {
+            "frontends": [{"url": f"http://r{i}.example:{port}"} for port in (5000, 9292)],
+            "services": {
+                "identity": {"public": {"url": f"http://r{i}.example:5000/v3",
+                                        "backend": f"http://b{i}.example:5000/v3"}},
+                "image": {"public": {"url": f"http://r{i}.example:9292",
+                                     "backend": f"http://b{i}.example:9292"}},
+            },
+        }
+        for i in range(320)
+    }  # fmt: skip
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    build_catalog({"clouds": clouds})
+    # validation, the backends' check, the index: at clouds 0, 128 and 256 each (and 1 more
+    # for the index's 1,280 addresses)
+    assert slept.count(0) >= 9, slept
