@@ -50,6 +50,8 @@ COMPILED_MODULES = (
     "scoperouter.routing",
     "scoperouter.scope",
     "scoperouter.catalog",
+    # the catalog build (catalog)
+    "scoperouter.config",
 )
 """What mypyc compiles: the request path, and the HTTP modules it calls into."""
 
