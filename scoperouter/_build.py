@@ -17,7 +17,7 @@ modules) or pure Python, chosen once, when ``scoperouter`` is imported, for the 
   extension module comes before a ``.py`` of the same name in a directory).
 
 The check is cheap: it reads the record and stats each source and extension module (~0.2 ms
-for 22 modules); only a source whose size or mtime differs from the record's is hashed (a
+for 23 modules); only a source whose size or mtime differs from the record's is hashed (a
 wheel's install writes new mtimes: its 21 sources are then hashed, ~0.3 ms more),
 so a file touched but unchanged is no stale build. This module imports only the standard
 library: ``setup.py`` loads it by its path, before anything is installed.
@@ -61,6 +61,8 @@ COMPILED_MODULES = (
     "scoperouter.prepared",
     # the access line (accessline)
     "scoperouter.router.logs",
+    # the catalog build (catalog)
+    "scoperouter.config",
 )
 """What mypyc compiles: the request path, and the HTTP modules it calls into."""
 

@@ -16,6 +16,7 @@ this module is the model it builds, with no I/O.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -29,7 +30,7 @@ EVENT_LOOPS: tuple[EventLoop, ...] = ("uvloop", "asyncio")
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class URL:
     """An absolute http(s) URL, normalised: lower-case host, explicit port, no trailing slash."""
 
@@ -40,9 +41,15 @@ class URL:
     # "scheme://host:port", computed once: every forwarded request's URL starts with it.
     base: str = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        object.__setattr__(self, "base", f"{self.scheme}://{host}:{self.port}")
+    def __init__(self, scheme: str, host: str, port: int, path: str = "") -> None:
+        # Written out: compiled, each object.__setattr__ is a store into the object, where the
+        # dataclass's __init__ runs interpreted (300,000 URLs at 10,000 clouds). Still frozen.
+        object.__setattr__(self, "scheme", scheme)
+        object.__setattr__(self, "host", host)
+        object.__setattr__(self, "port", port)
+        object.__setattr__(self, "path", path)
+        bracketed = f"[{host}]" if ":" in host else host
+        object.__setattr__(self, "base", f"{scheme}://{bracketed}:{port}")
 
     def join(self, rest: str) -> str:
         """This URL followed by `rest` (a path remainder, possibly with a query string)."""
@@ -52,23 +59,41 @@ class URL:
         return self.base + self.path
 
 
-# The URLs a federation config is made of (``http://router.example:9292/v2``): a host name or
-# IPv4 address, a port, a path; read without urlsplit (a 10,000-cloud config has 300,000).
-# Anything else (IPv6, user info, upper case, spaces...) takes urlsplit's path.
-_SIMPLE_URL = re.compile(r"(https?)://([a-z0-9.-]+)(?::([0-9]{1,5}))?(/[^?#\s]*)?")
+# The URLs a federation config is made of, ``(https?)://([a-z0-9.-]+)(:[0-9]{1,5})?(/...)?``
+# (a 10,000-cloud config has 300,000), read by string methods: no urlsplit, no regular
+# expression. Anything else (IPv6, user info, upper case, whitespace, non-ASCII...) takes
+# urlsplit's path, which says what is wrong when something is.
+_HOST_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789.-"
 
 
 def parse_url(text: str) -> URL:
     """Parse an absolute http/https URL; raises ValueError with a reason."""
     if not isinstance(text, str) or not text:
         raise ValueError("expected an http:// or https:// URL")
-    simple = _SIMPLE_URL.fullmatch(text)
-    if simple is not None:
-        scheme, host, port_text, path = simple.groups()
-        port = int(port_text) if port_text else 0
-        if port <= 65535 and host.strip("."):  # else urlsplit says what is wrong
-            return URL(scheme, host, port or DEFAULT_PORTS[scheme], (path or "").rstrip("/"))
-    return _parse_any_url(text)
+    simple = _parse_simple_url(text)
+    return simple if simple is not None else _parse_any_url(text)
+
+
+def _parse_simple_url(text: str) -> URL | None:
+    """:func:`parse_url` of a URL of the common form (above) as urlsplit reads it, else None."""
+    if text.startswith("http://"):
+        scheme, start = "http", 7
+    elif text.startswith("https://"):
+        scheme, start = "https", 8
+    else:
+        return None
+    end = text.find("/", start)
+    authority, path = (text[start:], "") if end < 0 else (text[start:end], text[end:])
+    if not (path.isascii() and path.isprintable()) or " " in path or "?" in path or "#" in path:
+        return None  # control characters, whitespace, non-ASCII, a query or fragment
+    host, colon, port_text = authority.partition(":")
+    if not host or host.strip(_HOST_CHARS) or not host.strip("."):
+        return None  # empty, another character, or only dots
+    digits = 0 < len(port_text) <= 5 and port_text.isascii() and port_text.isdigit()
+    port = int(port_text) if digits else 0
+    if (colon and not digits) or port > 65535:
+        return None
+    return URL(scheme, host, port or DEFAULT_PORTS[scheme], path.rstrip("/"))
 
 
 def _parse_any_url(text: str) -> URL:
@@ -115,7 +140,7 @@ def parse_hostport(text: str) -> tuple[str, int]:
     return host.lower(), int(port_text)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Endpoint:
     """One keystone catalog row plus the real service behind the router."""
 
@@ -128,8 +153,17 @@ class Endpoint:
     """The real service, where the router sends this cloud's requests (never a router's
     address: that would be a routing loop)."""
 
+    def __init__(
+        self, cloud: str, service_type: str, interface: str, url: URL, backend: URL
+    ) -> None:
+        object.__setattr__(self, "cloud", cloud)
+        object.__setattr__(self, "service_type", service_type)
+        object.__setattr__(self, "interface", interface)
+        object.__setattr__(self, "url", url)
+        object.__setattr__(self, "backend", backend)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class Frontend:
     """A reverse-proxy listener of a cloud's router."""
 
@@ -144,6 +178,20 @@ class Frontend:
     http."""
     key: str | None = None
     """Its private key (PEM file)."""
+
+    def __init__(
+        self,
+        url: URL,
+        listen_host: str,
+        listen_port: int,
+        cert: str | None = None,
+        key: str | None = None,
+    ) -> None:
+        object.__setattr__(self, "url", url)
+        object.__setattr__(self, "listen_host", listen_host)
+        object.__setattr__(self, "listen_port", listen_port)
+        object.__setattr__(self, "cert", cert)
+        object.__setattr__(self, "key", key)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -373,12 +421,17 @@ class Match:
         return url.base + path + self.rest
 
 
-_VERSION_SEGMENT = re.compile(r"/v\d+(\.\d+)?\Z")
-
-
 def strip_version(path: str) -> str:
-    """``/compute/v2.1`` -> ``/compute``; paths without a version segment are unchanged."""
-    return _VERSION_SEGMENT.sub("", path)
+    """``/compute/v2.1`` -> ``/compute``; paths without a version segment are unchanged.
+
+    The last segment: ``v``, decimal digits, perhaps a dot and decimal digits (``/v2.1``)."""
+    cut = path.rfind("/v")
+    if cut < 0:
+        return path
+    major, dot, minor = path[cut + 2 :].partition(".")
+    if major.isdecimal() and (not dot or minor.isdecimal()):
+        return path[:cut]
+    return path
 
 
 MEMO_BUDGET = 1 << 20
@@ -389,6 +442,9 @@ _Located = tuple[Endpoint, Literal["public", "backend"], bool]
 # them (None otherwise), and by prefix.
 _Prefixes = tuple[tuple[tuple[str, _Located], ...] | None, dict[str, _Located]]
 _SCAN_MAX = 8
+_Kind = Literal["public", "backend"]
+_ByLocation = dict[tuple[str, int], dict[str, _Located]]
+_Versioned = list[tuple[dict[str, _Located], str, _Located]]  # (prefixes, bare, located)
 
 
 @dataclass(frozen=True)
@@ -406,56 +462,32 @@ class Catalog:
     _types_of: dict[str, frozenset[str]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        by_location: dict[tuple[str, int], dict[str, _Located]] = {}
+        by_location: _ByLocation = {}
         by_target: dict[tuple[str, str, str], Endpoint] = {}
-        versioned: list[tuple[dict[str, _Located], str, _Located]] = []
-        for cloud in self.clouds.values():
+        types_of: dict[str, frozenset[str]] = {}
+        versioned: _Versioned = []
+        for n, cloud in enumerate(self.clouds.values()):
+            let_threads_run(n)
+            types: set[str] = set()
             for ep in cloud.endpoints:
                 by_target[(cloud.name, ep.service_type, ep.interface)] = ep
-                for kind, url in _urls(ep):
-                    location = (url.host, url.port)
-                    prefixes = by_location.get(location)
-                    if prefixes is None:
-                        prefixes = by_location[location] = {}
-                    path = url.path
-                    existing = prefixes.get(path)
-                    located: _Located = (ep, kind, False)
-                    prefixes[path] = (
-                        located if existing is None else _prefer(existing, located, url)
-                    )
-                    if "/v" in path:  # (the only paths strip_version may change)
-                        bare = strip_version(path)
-                        if bare != path:
-                            versioned.append((prefixes, bare, (ep, kind, True)))
+                types.add(ep.service_type)
+                _locate(by_location, versioned, ep, "public", ep.url)
+                _locate(by_location, versioned, ep, "backend", ep.backend)
+            if types:
+                types_of[cloud.name] = types_of.get(cloud.name, frozenset()) | types
         # Afterwards, so an exact URL always beats another endpoint's version-less form.
         for prefixes, bare, located in versioned:
             if bare not in prefixes:
                 prefixes[bare] = located
-        object.__setattr__(
-            self,
-            "_by_location",
-            {
-                location: (
-                    (
-                        tuple(prefixes.items())
-                        if len(prefixes) == 1
-                        else tuple(sorted(prefixes.items(), key=_longest_first))
-                    )
-                    if len(prefixes) <= _SCAN_MAX
-                    else None,
-                    prefixes,
-                )
-                for location, prefixes in by_location.items()
-            },
-        )
+        index: dict[tuple[str, int], _Prefixes] = {}
+        for n, (location, prefixes) in enumerate(by_location.items()):
+            index[location] = (_ordered(prefixes), prefixes)
+            let_threads_run(n, 4095)
+        object.__setattr__(self, "_by_location", index)
         object.__setattr__(self, "_by_target", by_target)
         object.__setattr__(self, "service_types", frozenset(st for _, st, _ in by_target))
-        types_of: dict[str, set[str]] = {}
-        for cloud_name, service_type, _ in by_target:
-            types_of.setdefault(cloud_name, set()).add(service_type)
-        object.__setattr__(
-            self, "_types_of", {name: frozenset(types) for name, types in types_of.items()}
-        )
+        object.__setattr__(self, "_types_of", types_of)
 
     def published(self, host: str, port: int) -> bool:
         """Whether an endpoint URL or a backend of the catalog is at host:port."""
@@ -515,8 +547,38 @@ class Catalog:
 _INTERFACE_RANK = {name: rank for rank, name in enumerate(INTERFACES)}
 
 
-def _urls(ep: Endpoint) -> tuple[tuple[Literal["public", "backend"], URL], ...]:
-    return (("public", ep.url), ("backend", ep.backend))
+def let_threads_run(n: int, mask: int = 127) -> None:
+    """Let a thread waiting for the GIL have it at every `mask` + 1st `n` (a worker builds a
+    reloaded catalog in a thread as it serves; compiled code keeps the GIL as long as it runs)."""
+    if not n & mask:
+        time.sleep(0)  # (~15 us: sched_yield is cheaper, but the GIL's waiter rarely gets it)
+
+
+def _locate(
+    by_location: _ByLocation, versioned: _Versioned, ep: Endpoint, kind: _Kind, url: URL
+) -> None:
+    """Index `url` (`ep`'s `kind` URL) by host:port and path; note its version-less form."""
+    location = (url.host, url.port)
+    prefixes = by_location.get(location)
+    if prefixes is None:
+        prefixes = by_location[location] = {}
+    path = url.path
+    existing = prefixes.get(path)
+    located: _Located = (ep, kind, False)
+    prefixes[path] = located if existing is None else _prefer(existing, located, url)
+    bare = strip_version(path)
+    if bare != path:
+        versioned.append((prefixes, bare, (ep, kind, True)))
+
+
+def _ordered(prefixes: dict[str, _Located]) -> tuple[tuple[str, _Located], ...] | None:
+    """The prefixes longest first (as inserted among equals); None past _SCAN_MAX."""
+    if len(prefixes) > _SCAN_MAX:
+        return None
+    items = tuple(prefixes.items())
+    if len(items) == 1 or (len(items) == 2 and len(items[0][0]) >= len(items[1][0])):
+        return items  # (most addresses: one prefix, or a versioned one and its root)
+    return tuple(sorted(items, key=_longest_first))
 
 
 def _longest_first(item: tuple[str, _Located]) -> int:

@@ -35,6 +35,7 @@ from scoperouter.catalog import (
     Limits,
     Peers,
     Settings,
+    let_threads_run,
     parse_hostport,
     parse_url,
     untemplated,
@@ -155,10 +156,10 @@ class _Loader:
         clouds_doc = self._mapping(doc["clouds"], "clouds")
         if not clouds_doc:
             raise ConfigError("clouds", "at least one cloud is required")
-        clouds = {
-            str(name): self.cloud(str(name), body, f"clouds.{name}")
-            for name, body in clouds_doc.items()
-        }
+        clouds: dict[str, Cloud] = {}
+        for n, (name, body) in enumerate(clouds_doc.items()):
+            let_threads_run(n)  # (a reload reads the file in a thread of a serving worker)
+            clouds[str(name)] = self.cloud(str(name), body, f"clouds.{name}")
         for cloud in clouds.values():
             for remote in cloud.credentials:
                 if remote not in clouds or remote == cloud.name:
@@ -490,10 +491,12 @@ def _refuse_router_backends(clouds: Mapping[str, Cloud]) -> None:
     """A backend must be a real service: one at an address where a router of the federation
     answers would send every request back into the federation (a loop the hop count would
     only stop after hop_limit passes)."""
-    routers = {
-        address: cloud.name for cloud in clouds.values() for address in cloud.listen_addresses()
-    }
-    for cloud in clouds.values():
+    routers: dict[tuple[str, int], str] = {}
+    for n, cloud in enumerate(clouds.values()):
+        let_threads_run(n)  # (a reload reads the file in a thread of a serving worker)
+        routers.update(dict.fromkeys(cloud.listen_addresses(), cloud.name))
+    for n, cloud in enumerate(clouds.values()):
+        let_threads_run(n)
         for ep in cloud.endpoints:
             owner = routers.get((ep.backend.host, ep.backend.port))
             if owner is not None:
