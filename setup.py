@@ -98,6 +98,15 @@ def _extension_files(base: Path) -> list[Path]:
     ]
 
 
+def _remove_stale(root: Path) -> None:
+    """Remove this interpreter's extension modules of modules no longer compiled from under
+    `root` (the package dir): one would be imported before its ``.py`` and fail."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    for file in _build.stale_extensions(root, suffix):
+        say(f"removing {file.name}: its module is no longer compiled")
+        file.unlink(missing_ok=True)
+
+
 def _go_pure(why: str, root: Path, editable: bool, warn: bool = True) -> None:
     """Record a pure build under `root` (the package dir), and remove this interpreter's
     extension modules of an earlier build from beside it (the source tree, or a wheel's
@@ -106,6 +115,8 @@ def _go_pure(why: str, root: Path, editable: bool, warn: bool = True) -> None:
         say(f"WARNING: scoperouter is installed pure Python, not compiled: {why}")
     for file in _extension_files(root.parent):
         file.unlink(missing_ok=True)
+    if root.is_dir():
+        _remove_stale(root)
     root.mkdir(parents=True, exist_ok=True)
     if not editable:
         (root / _build.RECORD).unlink(missing_ok=True)  # this build's record only
@@ -136,6 +147,8 @@ class BuildExt(build_ext):
     def run(self) -> None:
         editable = bool(self.editable_mode or self.inplace)
         record_root = PACKAGE if editable else Path(self.build_lib) / "scoperouter"
+        if editable:
+            _remove_stale(PACKAGE)
         if editable and _build.decide({}, PACKAGE).kind == "compiled":
             # The source tree's compiled build is this interpreter's and its sources are
             # unchanged (the rule a process applies at import): nothing to compile (a second

@@ -104,6 +104,25 @@ def source_of(module: str, root: Path = PACKAGE_DIR) -> Path:
     return root.joinpath(*parts[1:-1], parts[-1] + ".py")
 
 
+def extension_modules(root: Path, suffix: str) -> dict[str, Path]:
+    """Every extension module of one interpreter (its ``EXT_SUFFIX``, e.g.
+    ``.cpython-311-x86_64-linux-gnu.so``) under the package dir `root`, by dotted name: what an
+    earlier compile left beside the sources (the package has no other extension modules)."""
+    found = {}
+    for path in root.rglob(f"*{suffix}"):
+        parts = path.relative_to(root).with_name(path.name.removesuffix(suffix)).parts
+        found[".".join(("scoperouter", *parts))] = path
+    return found
+
+
+def stale_extensions(root: Path, suffix: str) -> list[Path]:
+    """The extension modules under `root` of modules no longer compiled (a module taken out of
+    :data:`COMPILED_MODULES`): the import system would take one before its ``.py``, and it
+    would look for its code in a shared library that no longer has it."""
+    wanted = {SHARED_LIBRARY, *COMPILED_MODULES}
+    return sorted(p for name, p in extension_modules(root, suffix).items() if name not in wanted)
+
+
 def sha256_of(path: Path) -> str:
     import hashlib  # only when a stat differs: not on every start
 

@@ -179,3 +179,26 @@ def test_a_stale_checkout_runs_pure_with_one_warning(tmp_path: Path) -> None:
     warnings = [line for line in done.stderr.splitlines() if "StaleBuildWarning" in line]
     assert len(warnings) == 1, done.stderr  # the child started by it says nothing
     assert "`pip install -e .` rebuilds" in warnings[0]
+
+
+def test_extension_modules_of_modules_no_longer_compiled_are_stale(tmp_path: Path) -> None:
+    """A module taken out of COMPILED_MODULES leaves its extension module beside its .py: the
+    import system would take it first and fail (its code is gone from the shared library), so
+    setup.py removes what _build.stale_extensions names, and only that."""
+    suffix = ".cpython-311-x86_64-linux-gnu.so"
+    kept = [
+        tmp_path / f"_compiled__mypyc{suffix}",
+        tmp_path / "http" / f"server{suffix}",
+        tmp_path / "router" / f"pipeline{suffix}",
+    ]
+    stale = [tmp_path / f"oldhot{suffix}", tmp_path / "router" / f"gone{suffix}"]
+    other_abi = tmp_path / "router" / "gone.cpython-312-x86_64-linux-gnu.so"
+    for path in [*kept, *stale, other_abi, tmp_path / "router" / "gone.py"]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+    found = _build.extension_modules(tmp_path, suffix)
+    assert found["scoperouter.http.server"] == kept[1]
+    assert found["scoperouter._compiled__mypyc"] == kept[0]
+    assert _build.stale_extensions(tmp_path, suffix) == sorted(stale)
+    setup_py = (Path(__file__).resolve().parents[2] / "setup.py").read_text()
+    assert "_remove_stale(PACKAGE)" in setup_py  # before the up-to-date check returns
