@@ -88,21 +88,15 @@ def _extension_names() -> list[str]:
     return [_build.SHARED_LIBRARY, *_build.COMPILED_MODULES]
 
 
-def _extension_files(base: Path) -> list[Path]:
-    """This interpreter's extension modules of the package under `base` (the source tree of
-    an editable install, or a wheel's build/lib)."""
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    return [
-        base.joinpath(*name.split(".")[:-1], name.split(".")[-1] + suffix)
-        for name in _extension_names()
-    ]
+def _suffix() -> str:
+    """This interpreter's extension modules' file name ending (``.cpython-311-...so``)."""
+    return sysconfig.get_config_var("EXT_SUFFIX") or ".so"
 
 
 def _remove_stale(root: Path) -> None:
     """Remove this interpreter's extension modules of modules no longer compiled from under
     `root` (the package dir): one would be imported before its ``.py`` and fail."""
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    for file in _build.stale_extensions(root, suffix):
+    for file in _build.stale_extensions(root, _suffix()):
         say(f"removing {file.name}: its module is no longer compiled")
         file.unlink(missing_ok=True)
 
@@ -113,10 +107,8 @@ def _go_pure(why: str, root: Path, editable: bool, warn: bool = True) -> None:
     build/lib: they would be stale, or travel in a pure wheel)."""
     if warn:
         say(f"WARNING: scoperouter is installed pure Python, not compiled: {why}")
-    for file in _extension_files(root.parent):
-        file.unlink(missing_ok=True)
-    if root.is_dir():
-        _remove_stale(root)
+    for file in _build.extension_modules(root, _suffix()).values():
+        file.unlink(missing_ok=True)  # those of the list, and any a module left behind
     root.mkdir(parents=True, exist_ok=True)
     if not editable:
         (root / _build.RECORD).unlink(missing_ok=True)  # this build's record only
