@@ -43,11 +43,10 @@ def as_is(text: str) -> bool:
 def quote(text: str) -> str:
     """`text` as a JSON string, the text :func:`_encode` writes for it: as it is between
     quotes when :func:`as_is` (no call into json), else by json's C escaper."""
-    if text.isascii():
-        if text.isprintable() and '"' not in text and "\\" not in text:
-            return f'"{text}"'
-        return encode_basestring(text)
-    return _escape_surrogates(encode_basestring(text))
+    if as_is(text):
+        return f'"{text}"'
+    encoded = encode_basestring(text)
+    return encoded if text.isascii() else _escape_surrogates(encoded)
 
 
 def _escape_surrogates(encoded: str) -> str:
