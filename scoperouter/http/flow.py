@@ -42,11 +42,9 @@ class FlowControl:
         "write_paused_since",
     )
 
-    def __init__(
-        self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop | None = None
-    ) -> None:
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
-        self._loop = loop  # the connection's (else asked of asyncio when first needed)
+        self._loop = loop  # the connection's (asking asyncio makes a getpid() system call)
         self._write_ready: asyncio.Future[None] | None = None
         self.read_paused = False
         self.write_paused_since: float | None = None  # time.monotonic()
@@ -65,10 +63,7 @@ class FlowControl:
     def pause_writing(self) -> None:
         """asyncio's ``Protocol.pause_writing``: the write buffer is full."""
         if self._write_ready is None:
-            loop = self._loop
-            if loop is None:
-                loop = self._loop = asyncio.get_running_loop()
-            self._write_ready = loop.create_future()
+            self._write_ready = self._loop.create_future()
             self.write_paused_since = time.monotonic()
 
     def resume_writing(self) -> None:
