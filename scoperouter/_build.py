@@ -63,6 +63,12 @@ COMPILED_MODULES = (
     "scoperouter.router.logs",
     # the catalog build (catalog)
     "scoperouter.config",
+    # the combined requests' path (A & B, A | B: the fan-out, the merge, the budget)
+    "scoperouter.router.combined",
+    "scoperouter.router.fanout",
+    "scoperouter.router.budget",
+    "scoperouter.merge",
+    "scoperouter.merge_marker",
 )
 """What mypyc compiles: the request path, and the HTTP modules it calls into."""
 
@@ -196,6 +202,16 @@ def decide(environ: Mapping[str, str], root: Path = PACKAGE_DIR) -> Build:
         if file is None or not (root / file).is_file():
             return Build("pure", f"not built: no extension module for {name} ({REBUILD})")
     modules: dict[str, dict[str, Any]] = entry.get("modules", {})
+    if set(modules) != set(COMPILED_MODULES):
+        # The shared library holds the modules compiled then: one taken out of the list since
+        # would still be imported from it by the others (its .py edits ignored).
+        other = sorted(set(modules) ^ set(COMPILED_MODULES))
+        return Build(
+            "pure",
+            f"stale: compiled for another list of modules ({', '.join(other)[:120]}); "
+            f"`{REBUILD}` rebuilds",
+            stale=True,
+        )
     for name in COMPILED_MODULES:
         recorded = modules.get(name, {})
         changed = _changed(root, recorded)

@@ -84,6 +84,22 @@ def test_a_source_changed_since_the_compile_makes_the_build_stale_and_pure(
     assert decide({}, root).why.startswith("stale: scoperouter/scope.py changed")
 
 
+def test_a_record_of_another_list_of_modules_makes_the_build_stale(tmp_path: Path) -> None:
+    """The shared library holds every module compiled then: one since taken out of the list
+    (or added to it) would be imported from it, not from its source."""
+    root = _package(tmp_path)
+    record = json.loads((root / _build.RECORD).read_text())
+    entry = record[_build.interpreter_key()]
+    entry["modules"]["scoperouter.oldhot"] = dict(entry["modules"]["scoperouter.scope"])
+    (root / _build.RECORD).write_text(json.dumps(record))
+    chosen = decide({}, root)
+    assert chosen.kind == "pure" and chosen.stale
+    assert "another list of modules (scoperouter.oldhot)" in chosen.why
+    del entry["modules"]["scoperouter.oldhot"], entry["modules"]["scoperouter.scope"]
+    (root / _build.RECORD).write_text(json.dumps(record))
+    assert "another list of modules (scoperouter.scope)" in decide({}, root).why
+
+
 def test_a_build_without_its_extension_modules_or_record_is_pure(tmp_path: Path) -> None:
     root = _package(tmp_path)
     (root / "http" / f"server{SUFFIX}").unlink()
