@@ -130,6 +130,8 @@ class _Runner:
         self.timeout = timeout
         self.is_down = is_down
         self.report = report
+        # Asked once per request: on CPython 3.11 each call makes a getpid() system call.
+        self.loop = asyncio.get_running_loop()
         # cloud -> (what it was asked, its outcome): each cloud is asked once per request
         self.asked: dict[str, tuple[tuple[object, ...], asyncio.Future[Reply | SendError]]] = {}
 
@@ -138,8 +140,10 @@ class _Runner:
         plan = decision.plan
         parts = dict(decision.parts)
         asked = plan.asked
+        # Tasks made on the known loop: gather would ask asyncio for it once per part.
+        create = self.loop.create_task
         results = await asyncio.gather(
-            *(self._part(parts[label], plan.query_for(label)) for label in asked)
+            *[create(self._part(parts[label], plan.query_for(label))) for label in asked]
         )
         answers = dict(zip(asked, results, strict=True))
         if isinstance(plan, ListPlan):
@@ -204,7 +208,7 @@ class _Runner:
             if earlier[0] == what:
                 return await earlier[1]
             return SendError(Failure.NOT_SENT, ASKED_ALREADY)
-        outcome_of: asyncio.Future[Reply | SendError] = asyncio.get_running_loop().create_future()
+        outcome_of: asyncio.Future[Reply | SendError] = self.loop.create_future()
         self.asked[forward.cloud] = (what, outcome_of)
         outcome = await self._send_once(forward, url)
         outcome_of.set_result(outcome)
@@ -216,7 +220,8 @@ class _Runner:
         request = Request(self.request.method, headers, self.request.body)
         seconds = self.timeout if isinstance(self.timeout, float | int) else self.timeout(forward)
         try:
-            async with asyncio.timeout(seconds):  # (wait_for would make a task per part)
+            # (wait_for would make a task per part; timeout_at spares asking for the loop)
+            async with asyncio.timeout_at(self.loop.time() + seconds):
                 reply = await self.send(forward, url, request)
         except SendError as exc:
             outcome: Reply | SendError = exc
