@@ -11,8 +11,10 @@ import struct
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 
@@ -76,6 +78,50 @@ def test_load_client_against_the_server(tmp_path: Path, tls: bool, new: bool) ->
     assert result["statuses"] == {200: 30}
     assert isinstance(result["p50_ms"], float) and isinstance(result["p99_ms"], float)
     assert result["p50_ms"] <= result["p99_ms"]
+
+
+def test_load_client_warms_up_with_the_same_clients_then_measures() -> None:
+    """The warm-up's requests and the measured ones in one run of the same clients, spread
+    over the given time; the caller told once, as the first measured request starts."""
+    seen: list[int] = []
+
+    async def go() -> dict[str, object]:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: wan_http._Server("127.0.0.1:0"), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        url = f"http://127.0.0.1:{port}/v2/images"
+        served = [0]
+        original = wan_http._Server.data_received
+
+        def counting(self: wan_http._Server, data: bytes) -> None:
+            served[0] += data.count(b"GET ")
+            original(self, data)
+
+        wan_http._Server.data_received = counting  # type: ignore[method-assign]
+        try:
+            started = time.perf_counter()
+            result = await wan_http._load(
+                url,
+                4,
+                9,
+                True,
+                None,
+                {},
+                warmup=13,
+                spread=0.2,
+                on_warm=lambda: seen.append(served[0]),
+            )
+            result["took"] = time.perf_counter() - started
+            return result
+        finally:
+            wan_http._Server.data_received = original  # type: ignore[method-assign]
+            server.close()
+
+    result = asyncio.run(go())
+    assert result["requests"] == 9 and result["statuses"] == {200: 9}
+    assert result["warmup"] == {"requests": 13, "errors": 0, "p50_ms": ANY, "p99_ms": ANY}
+    assert len(seen) == 1 and 13 - 4 <= seen[0] <= 13  # the warm-up's requests (<= 4 in flight)
+    assert result["took"] >= 0.15  # the last client started 3/4 of the spread late
 
 
 def test_the_routers_federation_config_loads(tmp_path: Path) -> None:

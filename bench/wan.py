@@ -17,8 +17,11 @@ counts the TCP SYNs that cross from A to B: the *WAN handshakes*. Inside each na
 processes use its own loopback (127.x) for everything that does not cross the link.
 
 **What it measures** (client in A; a new connection per request unless said, like the
-``openstack`` CLI, one process per command; ``--requests`` per point at each
-``--concurrency``):
+``openstack`` CLI, one process per command; at each ``--concurrency``, ``--requests`` per point
+(50 rounds of its clients, at least 200) after ``--warmup`` requests (10 rounds, at least 60)
+sent by the same clients without a pause, their first requests spread over one round trip:
+the steady state of independent clients, not the burst of clients started in the same
+millisecond, in step for rounds after):
 
 * the floor: the bench's HTTP server in B, reached directly across the link, plain and TLS,
   with a new connection per request and on an open connection (one round trip: the floor a
@@ -93,8 +96,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     load.add_argument("--cafile")
     load.add_argument("--header-json", default="{}")
     load.add_argument("--keep-body", action="store_true")
+    load.add_argument("--warmup", type=int, default=0, help="requests before -n, not measured")
+    load.add_argument(
+        "--spread-ms", type=float, default=0.0, help="with --warmup: the clients' starts spread"
+    )
     parser.add_argument("--delay-ms", type=float, default=25.0, help="one-way delay (25)")
-    parser.add_argument("--requests", type=int, default=200, help="per point (200)")
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help="measured per point (50 rounds of the point's clients, at least 200)",
+    )
     parser.add_argument(
         "--concurrency",
         type=lambda s: [int(x) for x in s.split(",")],
@@ -130,7 +142,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--warmup",
         type=int,
         default=None,
-        help="requests sent through the routers before each of their points, not measured "
+        help="requests sent before each point by the same clients, not measured, the point's "
+        "requests following without a pause; the clients' starts spread over one round trip "
         "(10 rounds of the point's clients, at least 60)",
     )
     parser.add_argument(
@@ -174,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
                 args.cafile,
                 json.loads(args.header_json),
                 args.keep_body,
+                args.warmup,
+                args.spread_ms / 1000,
+                lambda: print("warm", flush=True),  # the bench reads its counters then
             )
         )
         print(json.dumps(result))
@@ -224,7 +240,7 @@ def _one_run(args: argparse.Namespace) -> dict[str, Any] | None:
     result["machine"] = {
         "load_average": os.getloadavg(),
         "delay_ms": args.delay_ms,
-        "requests": args.requests,
+        "requests": args.requests or "50 rounds of each point's clients, at least 200",
         "router_workers": args.router_workers,
     }
     if args.clouds is not None:

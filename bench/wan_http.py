@@ -9,6 +9,7 @@ import signal
 import ssl
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -88,7 +89,19 @@ async def _load(
     cafile: str | None,
     headers: dict[str, str],
     keep_body: bool = False,
+    warmup: int = 0,
+    spread: float = 0.0,
+    on_warm: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
+    """`requests` measured after `warmup` not measured, sent by the same clients without a
+    pause; with a warm-up, the clients' first requests are spread over `spread` seconds.
+
+    The steady state of `concurrency` independent clients: started in the same millisecond
+    (a point of their own after a warm-up that ended with all of them idle) they send in step,
+    every request of a round in one burst, and stay so for rounds (each waits for the same
+    answers); spread over one round trip and warmed up, the measured requests arrive as the
+    requests of independent clients do. `on_warm` is called as the first measured request
+    starts (the caller's counters, e.g. CPU time, from there)."""
     parts = urlsplit(url)
     host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
     context = ssl.create_default_context(cafile=cafile) if parts.scheme == "https" else None
@@ -98,7 +111,10 @@ async def _load(
     latencies: list[float] = []
     statuses: dict[int, int] = {}
     errors: list[str] = []
-    left = [requests]
+    warm_latencies: list[float] = []
+    warm_errors: list[str] = []
+    started = [0]
+    total = warmup + requests
     last_body = [b""]
 
     async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int:
@@ -113,20 +129,28 @@ async def _load(
             last_body[0] = body
         return int(status_line.split()[1])
 
-    async def worker(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None) -> None:
-        while left[0] > 0:
-            left[0] -= 1
+    async def worker(
+        conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None, delay: float
+    ) -> None:
+        if delay:
+            await asyncio.sleep(delay)
+        while started[0] < total:
+            measured = started[0] >= warmup
+            if started[0] == warmup and warmup and on_warm is not None:
+                on_warm()
+            started[0] += 1
             start = time.perf_counter()
             try:
                 if conn is None:
                     conn = await asyncio.open_connection(host, port, ssl=context)
                 status = await asyncio.wait_for(exchange(*conn), 30)
             except (OSError, asyncio.IncompleteReadError, TimeoutError, ValueError) as exc:
-                errors.append(type(exc).__name__)
+                (errors if measured else warm_errors).append(type(exc).__name__)
                 conn = None
                 continue
-            latencies.append((time.perf_counter() - start) * 1000)
-            statuses[status] = statuses.get(status, 0) + 1
+            (latencies if measured else warm_latencies).append((time.perf_counter() - start) * 1000)
+            if measured:
+                statuses[status] = statuses.get(status, 0) + 1
             if new_connections:
                 conn[1].close()
                 conn = None
@@ -141,8 +165,10 @@ async def _load(
             *(asyncio.open_connection(host, port, ssl=context) for _ in range(concurrency))
         )
     )
-    await asyncio.gather(*(worker(conn) for conn in opened))
+    step = spread / concurrency if warmup else 0.0  # a ramp is never measured
+    await asyncio.gather(*(worker(conn, i * step) for i, conn in enumerate(opened)))
     latencies.sort()
+    warm_latencies.sort()
     result = {
         "requests": len(latencies),
         "errors": len(errors),
@@ -152,6 +178,13 @@ async def _load(
         "p99_ms": _percentile(latencies, 0.99),
         "mean_ms": statistics.fmean(latencies) if latencies else None,
     }
+    if warmup:
+        result["warmup"] = {
+            "requests": len(warm_latencies),
+            "errors": len(warm_errors),
+            "p50_ms": _percentile(warm_latencies, 0.50),
+            "p99_ms": _percentile(warm_latencies, 0.99),
+        }
     if keep_body:  # the last answer's body (the sanity check of a merged list)
         result["body"] = last_body[0].decode("utf-8", "replace")
     return result

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ class Wan:
         self.names = wan_clouds.cloud_names(args.clouds or 2)
         self.merged_checks: list[dict[str, Any]] = []
         self.timelines: list[dict[str, Any]] = []  # from the access lines, when logged
+        self.marks: list[int] = []  # the routers' log sizes as the last point's clock started
 
     # namespaces and the link
     def ip(self, *argv: str, ns: str | None = None) -> None:
@@ -127,7 +129,11 @@ class Wan:
         new: bool,
         headers: dict[str, str],
         keep_body: bool = False,
+        warmup: int = 0,
+        on_warm: Callable[[], None] | None = None,
     ) -> dict[str, Any]:
+        """The load client's figures; with a `warmup`, `on_warm` is called when its measured
+        requests start (see :func:`bench.wan_http._load`)."""
         argv = [
             "ip",
             "netns",
@@ -151,10 +157,26 @@ class Wan:
             argv += ["--cafile", str(self.ca)]
         if keep_body:
             argv.append("--keep-body")
-        done = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=900)
-        if done.returncode:
-            raise BenchError(f"the load client failed: {done.stderr.strip()[-2000:]}")
-        result: dict[str, Any] = json.loads(done.stdout)
+        if warmup:  # the clients' first requests spread over one round trip
+            argv += ["--warmup", str(warmup), "--spread-ms", str(2 * self.args.delay_ms)]
+        with subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()
+        ) as popen:
+            assert popen.stdout is not None and popen.stderr is not None
+            try:
+                line = popen.stdout.readline()
+                if warmup and line.strip() == "warm":
+                    if on_warm is not None:
+                        on_warm()
+                    line = popen.stdout.readline()
+                popen.wait(timeout=900)
+            finally:
+                if popen.poll() is None:
+                    popen.kill()
+            errors = popen.stderr.read()
+        if popen.returncode or not line.strip():
+            raise BenchError(f"the load client failed: {errors.strip()[-2000:]}")
+        result: dict[str, Any] = json.loads(line)
         return result
 
     def point(
@@ -165,16 +187,53 @@ class Wan:
         new: bool,
         headers: dict[str, str] | None = None,
         requests: int | None = None,
+        warmup: int = 0,
     ) -> Point:
+        """`requests` measured; after `warmup` not measured, by the same clients without a
+        pause (the warm-up's own figures go to the notes)."""
         headers = headers or {}
-        before = self.counters()
-        cpu_before = [_cpu(proc.pid) for proc in self.running_routers]
-        result = self.load(url, concurrency, requests or self.args.requests, new, headers)
+        self.marks = [_size(proc.log) for proc in self.running_routers]
+        start = self.counters()
+        marks: dict[str, Any] = {
+            "counters": start,
+            "cpu": [_cpu(proc.pid) for proc in self.running_routers],
+        }
+
+        def warm() -> None:  # the measured requests start: the counters from here
+            marks["counters"] = self.counters()
+            marks["cpu"] = [_cpu(proc.pid) for proc in self.running_routers]
+            self.marks = [_size(proc.log) for proc in self.running_routers]
+
+        result = self.load(
+            url,
+            concurrency,
+            requests or self.measured(concurrency),
+            new,
+            headers,
+            False,
+            warmup,
+            warm,
+        )
         cpu_after = [_cpu(proc.pid) for proc in self.running_routers]
         after = self.counters()
+        before, cpu_before = marks["counters"], marks["cpu"]
         syns = after["syn_ab"] - before["syn_ab"]
-        if not new:  # the open connections are opened before the clock starts
+        if not new and not warmup:  # the open connections are opened before the clock starts
             syns = max(0, syns - concurrency)
+        if warmup:
+            warmed = result.get("warmup", {})
+            opened = 0 if new else concurrency
+            handshakes = max(0, before["syn_ab"] - start["syn_ab"] - opened)
+            rate = round(handshakes / max(warmed.get("requests", 0), 1), 3)
+            say(
+                f"{label + ' (warm-up)':28s} c={concurrency:<3d} "
+                f"{warmed.get('requests')} requests, p50 {_ms(warmed.get('p50_ms'))} ms, "
+                f"{rate:g} WAN handshakes/req"
+            )
+            self.notes.append(
+                f"{label}, {concurrency} clients: warm-up of {warmed.get('requests')} requests "
+                f"before the point (the same clients, no pause), {rate:g} WAN handshakes/request"
+            )
         done = max(result["requests"], 1)
         point = Point(
             label,
@@ -275,10 +334,14 @@ class Wan:
     def access_logged(self) -> bool:
         return self.args.router_log_level.upper() in ("INFO", "DEBUG")
 
-    def log_marks(self) -> list[int]:
-        """Where each running router's log ends now (its lines after this are a point's)."""
-        time.sleep(1.0)  # the lines of what came before, written in batches (every 0.5 s)
-        return [_size(proc.log) for proc in self.running_routers]
+    def measured(self, clients: int) -> int:
+        """Requests measured in a point of `clients` clients: 50 rounds of them, at least 200
+        (a p50 of 200 requests at 20 clients moved by 3 ms from one run to the next)."""
+        return self.args.requests or max(200, 50 * clients)
+
+    def warmup(self, clients: int) -> int:
+        """Requests before a point of `clients` clients (10 rounds of them, at least 60)."""
+        return self.args.warmup if self.args.warmup is not None else max(60, 10 * clients)
 
     def timeline(self, marks: list[int], label: str, clients: int) -> None:
         """Where a merged point's time went, from the routers' access lines since `marks`
@@ -339,8 +402,8 @@ class Wan:
             for scheme, port in (("http", PORTS["plain"]), ("https", PORTS["tls"])):
                 url = f"{scheme}://{B_ADDR}:{port}/v2/images"
                 label = f"direct {'TLS' if scheme == 'https' else 'plain'}"
-                points.append(self.point(label, url, c, new=False))
-                points.append(self.point(label, url, c, new=True))
+                points.append(self.point(label, url, c, new=False, warmup=self.warmup(c)))
+                points.append(self.point(label, url, c, new=True, warmup=self.warmup(c)))
         for tls in self.args.between:
             say(
                 f"{'two' if len(self.names) == 2 else len(self.names)} routers, "
@@ -357,29 +420,15 @@ class Wan:
                     paths.append((label, wan_clouds.merged_scope(clouds)))
             for label, scope in paths:
                 for c in levels:
-                    warmup = self.args.warmup if self.args.warmup is not None else max(60, 10 * c)
-                    if warmup:
-                        # Steady state: the routers' pools grow to what c clients need first
-                        # (each worker's pool to the largest share of a burst the kernel gives
-                        # it).
-                        warm = self.point(
-                            f"{label} (warm-up)",
-                            url,
-                            c,
-                            new=True,
-                            headers=scoped(scope),
-                            requests=warmup,
-                        )
-                        self.notes.append(
-                            f"{label}, {c} clients: warm-up of {warm.requests} requests before "
-                            f"the point, {warm.wan_handshakes_per_request:g} WAN "
-                            "handshakes/request"
-                        )
+                    # Steady state: the routers' pools grow to what c clients need first (each
+                    # worker's pool to the largest share of a burst the kernel gives it).
                     timed = label.startswith("merged ") and self.access_logged()
-                    marks = self.log_marks() if timed else []
-                    points.append(self.point(label, url, c, new=True, headers=scoped(scope)))
+                    point = self.point(
+                        label, url, c, new=True, headers=scoped(scope), warmup=self.warmup(c)
+                    )
+                    points.append(point)
                     if timed:
-                        self.timeline(marks, label, c)
+                        self.timeline(self.marks, label, c)
             if self.args.clouds is not None:  # the answers are still whole after the load
                 for clouds in wan_clouds.merged_sets(self.names):
                     label = f"merged {wan_clouds.span(clouds)}, {between} between, after"
