@@ -118,7 +118,9 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.state = state
         self.app = app
         self.tls = tls  # the client speaks TLS
-        self.parser = httptools.HttpRequestParser(self)
+        # Its callbacks are this connection's methods: a reference cycle, dropped when the
+        # connection is lost (else every closed connection waits for the cycle collector).
+        self.parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.flow: FlowControl | None = None
         # Its event loop, from connection_made on (asyncio.get_running_loop() makes a getpid()
@@ -187,6 +189,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             self.relay.fail("the client went away")
         if self.task is not None and not self.busy:
             self.task.cancel()
+        self.parser = None  # nothing more is read: the cycle through its callbacks goes
 
     def pause_writing(self) -> None:
         assert self.flow is not None
@@ -209,10 +212,13 @@ class ClientConnection(asyncio.BufferedProtocol):
     def data_received(self, data: bytes | memoryview) -> None:
         if self.refused:
             return  # lingering after a refusal: what still comes is dropped
+        parser = self.parser
+        if parser is None:
+            return  # lost (a transport delivers nothing after connection_lost)
         current = self._current
         self._progress = False
         try:
-            self.parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
             reason = exc.__context__
             if isinstance(reason, _Refused):
@@ -283,6 +289,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         if self._count > limits.max_headers:
             raise _Refused(431, heads.too_many_fields(self._count, limits))
         parser = self.parser
+        assert parser is not None  # a callback of feed_data, which runs while it is set
         method = parser.get_method()
         if method == b"CONNECT":
             raise _Refused(405, heads.CONNECT_MESSAGE, [ALLOW_FIELD])
@@ -409,7 +416,7 @@ class ClientConnection(asyncio.BufferedProtocol):
 
     def _url_line(self) -> bytes:
         try:
-            method = self.parser.get_method()
+            method = self.parser.get_method() if self.parser is not None else b"-"
         except httptools.HttpParserError:
             method = b"-"
         return method + b" " + bytes(self._url[:256]) if self._url else b"-"
