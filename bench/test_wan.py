@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from unittest.mock import ANY
@@ -458,3 +459,8 @@ def test_wan_timeline_from_the_routers_access_lines() -> None:
     )
     assert "the parts reach their routers 26.0-28.0 ms after it read the request" in found.text()
     assert wan_clouds.timeline(one, []) is None
+    # only the requests that started at since_ms or later (not a point's warm-up): req-1
+    # started at 17.000 (2026-11-27T23:05:17Z)
+    started = datetime(2026, 11, 27, 23, 5, 17, tzinfo=UTC).timestamp() * 1000
+    assert wan_clouds.timeline(one, others, since_ms=started) == found
+    assert wan_clouds.timeline(one, others, since_ms=started + 1) is None

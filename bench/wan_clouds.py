@@ -299,10 +299,13 @@ def _stamp_ms(entry: Mapping[str, Any]) -> float:
     return when.timestamp() * 1000
 
 
-def timeline(one: Iterable[str], others: Iterable[str]) -> Timeline | None:
-    """The :class:`Timeline` of the merged requests among CloudOne's router's log lines `one`,
-    their parts found among the other routers' lines `others` (a request's parts carry its
-    request id); None when no merged request had its parts' lines."""
+def timeline(
+    one: Iterable[str], others: Iterable[str], since_ms: float | None = None
+) -> Timeline | None:
+    """The :class:`Timeline` of the merged requests among CloudOne's router's log lines `one`
+    (those that started at `since_ms`, epoch milliseconds, or later), their parts found among
+    the other routers' lines `others` (a request's parts carry its request id); None when no
+    merged request had its parts' lines."""
     parts: dict[str, list[dict[str, Any]]] = {}
     for entry in _access(others):
         parts.setdefault(entry["request_id"], []).append(entry)
@@ -313,6 +316,8 @@ def timeline(one: Iterable[str], others: Iterable[str]) -> Timeline | None:
             continue
         end = _stamp_ms(entry)
         start = end - entry["ms"]
+        if since_ms is not None and start < since_ms:
+            continue  # a warm-up request
         arrivals = [_stamp_ms(p) - p["ms"] - start for p in found]
         leaving = max(_stamp_ms(p) for p in found)
         rows.append(

@@ -47,7 +47,8 @@ class Wan:
         self.names = wan_clouds.cloud_names(args.clouds or 2)
         self.merged_checks: list[dict[str, Any]] = []
         self.timelines: list[dict[str, Any]] = []  # from the access lines, when logged
-        self.marks: list[int] = []  # the routers' log sizes as the last point's clock started
+        self.marks: list[int] = []  # the routers' log sizes as the last point started
+        self.measured_since = 0.0  # when its measured requests started (epoch ms)
 
     # namespaces and the link
     def ip(self, *argv: str, ns: str | None = None) -> None:
@@ -193,16 +194,17 @@ class Wan:
         pause (the warm-up's own figures go to the notes)."""
         headers = headers or {}
         self.marks = [_size(proc.log) for proc in self.running_routers]
+        self.measured_since = time.time() * 1000
         start = self.counters()
-        marks: dict[str, Any] = {
+        at: dict[str, Any] = {
             "counters": start,
             "cpu": [_cpu(proc.pid) for proc in self.running_routers],
         }
 
         def warm() -> None:  # the measured requests start: the counters from here
-            marks["counters"] = self.counters()
-            marks["cpu"] = [_cpu(proc.pid) for proc in self.running_routers]
-            self.marks = [_size(proc.log) for proc in self.running_routers]
+            at["counters"] = self.counters()
+            at["cpu"] = [_cpu(proc.pid) for proc in self.running_routers]
+            self.measured_since = time.time() * 1000
 
         result = self.load(
             url,
@@ -216,7 +218,7 @@ class Wan:
         )
         cpu_after = [_cpu(proc.pid) for proc in self.running_routers]
         after = self.counters()
-        before, cpu_before = marks["counters"], marks["cpu"]
+        before, cpu_before = at["counters"], at["cpu"]
         syns = after["syn_ab"] - before["syn_ab"]
         if not new and not warmup:  # the open connections are opened before the clock starts
             syns = max(0, syns - concurrency)
@@ -352,7 +354,9 @@ class Wan:
             with open(proc.log, "rb") as log:
                 log.seek(mark)
                 texts.append(log.read().decode("utf-8", "replace").splitlines())
-        found = wan_clouds.timeline(texts[0], (line for text in texts[1:] for line in text))
+        found = wan_clouds.timeline(
+            texts[0], (line for text in texts[1:] for line in text), self.measured_since
+        )
         if found is None:
             return
         self.timelines.append({"path": label, "concurrency": clients, **asdict(found)})
