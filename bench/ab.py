@@ -55,7 +55,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def has_workers_option(baseline: Path) -> bool:
-    return "--workers" in (baseline / "scoperouter" / "cli.py").read_text()
+    """Whether the baseline's ``serve`` takes ``--workers`` (its CLI was one module before
+    it became a package of a module per command)."""
+    package = baseline / "scoperouter"
+    sources = [package / "cli.py", package / "cli" / "serve.py"]
+    return any(path.is_file() and "--workers" in path.read_text() for path in sources)
 
 
 def main(argv: list[str] | None = None) -> int:

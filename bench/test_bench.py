@@ -301,3 +301,20 @@ def test_the_large_catalog_build_is_a_target() -> None:
     assert build.measured.startswith("1.40 s of CPU") and build.ok is False
     small = decision.build_cpu(30, repeats=2)
     assert small["clouds"] == 30 and 0 < small["best_s"] <= small["median_s"]
+
+
+def test_bench_ab_reads_the_baselines_serve_options_in_either_cli_layout(tmp_path: Path) -> None:
+    """bench.ab gives the baseline --workers only if its serve takes it: its CLI is a package
+    of a module per command now, one module before."""
+    from bench.ab import has_workers_option
+
+    package = tmp_path / "new" / "scoperouter" / "cli"
+    package.mkdir(parents=True)
+    (package / "serve.py").write_text('parser.add_argument("--workers")\n')
+    assert has_workers_option(tmp_path / "new")
+    old = tmp_path / "old" / "scoperouter"
+    old.mkdir(parents=True)
+    (old / "cli.py").write_text('parser.add_argument("--config")\n')
+    assert not has_workers_option(tmp_path / "old")
+    (old / "cli.py").write_text('parser.add_argument("--workers")\n')
+    assert has_workers_option(tmp_path / "old")
