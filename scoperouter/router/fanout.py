@@ -140,11 +140,11 @@ class _Runner:
         plan = decision.plan
         parts = dict(decision.parts)
         asked = plan.asked
-        # Tasks made on the known loop: gather would ask asyncio for it once per part.
+        # Every part's query first (nothing runs yet if one fails), then the tasks, made on the
+        # known loop: gather would ask asyncio for it once per part.
+        calls = [(parts[label], plan.query_for(label)) for label in asked]
         create = self.loop.create_task
-        results = await asyncio.gather(
-            *[create(self._part(parts[label], plan.query_for(label))) for label in asked]
-        )
+        results = await asyncio.gather(*[create(self._part(part, query)) for part, query in calls])
         answers = dict(zip(asked, results, strict=True))
         if isinstance(plan, ListPlan):
             merged = merge_list(plan, answers, self.base_url)
