@@ -213,8 +213,7 @@ def decide(environ: Mapping[str, str], root: Path = PACKAGE_DIR) -> Build:
             stale=True,
         )
     for name in COMPILED_MODULES:
-        recorded = modules.get(name, {})
-        changed = _changed(root, recorded)
+        changed = _changed(root, modules[name])  # each one is recorded (the check above)
         if changed is not None:
             return Build(
                 "pure",
