@@ -167,27 +167,28 @@ async def _load(
     )
     step = spread / concurrency if warmup else 0.0  # a ramp is never measured
     await asyncio.gather(*(worker(conn, i * step) for i, conn in enumerate(opened)))
-    latencies.sort()
-    warm_latencies.sort()
     result = {
-        "requests": len(latencies),
-        "errors": len(errors),
+        **_figures(latencies, errors),
         "error_kinds": sorted(set(errors)),
         "statuses": statuses,
-        "p50_ms": _percentile(latencies, 0.50),
-        "p99_ms": _percentile(latencies, 0.99),
         "mean_ms": statistics.fmean(latencies) if latencies else None,
     }
     if warmup:
-        result["warmup"] = {
-            "requests": len(warm_latencies),
-            "errors": len(warm_errors),
-            "p50_ms": _percentile(warm_latencies, 0.50),
-            "p99_ms": _percentile(warm_latencies, 0.99),
-        }
+        result["warmup"] = _figures(warm_latencies, warm_errors)
     if keep_body:  # the last answer's body (the sanity check of a merged list)
         result["body"] = last_body[0].decode("utf-8", "replace")
     return result
+
+
+def _figures(latencies: list[float], errors: list[str]) -> dict[str, Any]:
+    """Requests answered, errors, p50 and p99 (ms) of a run's requests."""
+    ordered = sorted(latencies)
+    return {
+        "requests": len(ordered),
+        "errors": len(errors),
+        "p50_ms": _percentile(ordered, 0.50),
+        "p99_ms": _percentile(ordered, 0.99),
+    }
 
 
 def _percentile(values: list[float], q: float) -> float | None:

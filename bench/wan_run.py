@@ -223,17 +223,17 @@ class Wan:
         if not new and not warmup:  # the open connections are opened before the clock starts
             syns = max(0, syns - concurrency)
         if warmup:
-            warmed = result.get("warmup", {})
+            warmed = result["warmup"]  # the load client's figures of its warm-up
             opened = 0 if new else concurrency
             handshakes = max(0, before["syn_ab"] - start["syn_ab"] - opened)
-            rate = round(handshakes / max(warmed.get("requests", 0), 1), 3)
+            rate = round(handshakes / max(warmed["requests"], 1), 3)
             say(
                 f"{label + ' (warm-up)':28s} c={concurrency:<3d} "
-                f"{warmed.get('requests')} requests, p50 {_ms(warmed.get('p50_ms'))} ms, "
+                f"{warmed['requests']} requests, p50 {_ms(warmed['p50_ms'])} ms, "
                 f"{rate:g} WAN handshakes/req"
             )
             self.notes.append(
-                f"{label}, {concurrency} clients: warm-up of {warmed.get('requests')} requests "
+                f"{label}, {concurrency} clients: warm-up of {warmed['requests']} requests "
                 f"before the point (the same clients, no pause), {rate:g} WAN handshakes/request"
             )
         done = max(result["requests"], 1)
@@ -345,12 +345,12 @@ class Wan:
         """Requests before a point of `clients` clients (10 rounds of them, at least 60)."""
         return self.args.warmup if self.args.warmup is not None else max(60, 10 * clients)
 
-    def timeline(self, marks: list[int], label: str, clients: int) -> None:
-        """Where a merged point's time went, from the routers' access lines since `marks`
-        (:func:`bench.wan_clouds.timeline`): a note under the table and in the JSON."""
+    def timeline(self, label: str, clients: int) -> None:
+        """Where the last point's time went, from the routers' access lines of its measured
+        requests (:func:`bench.wan_clouds.timeline`): a note under the table and in the JSON."""
         time.sleep(1.0)  # the routers write their access lines in batches (every 0.5 s)
         texts = []
-        for proc, mark in zip(self.running_routers, marks, strict=True):
+        for proc, mark in zip(self.running_routers, self.marks, strict=True):
             with open(proc.log, "rb") as log:
                 log.seek(mark)
                 texts.append(log.read().decode("utf-8", "replace").splitlines())
@@ -432,7 +432,7 @@ class Wan:
                     )
                     points.append(point)
                     if timed:
-                        self.timeline(self.marks, label, c)
+                        self.timeline(label, c)
             if self.args.clouds is not None:  # the answers are still whole after the load
                 for clouds in wan_clouds.merged_sets(self.names):
                     label = f"merged {wan_clouds.span(clouds)}, {between} between, after"
