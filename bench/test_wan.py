@@ -464,3 +464,26 @@ def test_wan_timeline_from_the_routers_access_lines() -> None:
     started = datetime(2026, 11, 27, 23, 5, 17, tzinfo=UTC).timestamp() * 1000
     assert wan_clouds.timeline(one, others, since_ms=started) == found
     assert wan_clouds.timeline(one, others, since_ms=started + 1) is None
+
+
+def test_a_load_client_that_never_says_warm_fails_the_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a warm-up, the router counters are read where the measured requests start: a load
+    client that never said where is an error, not a point whose figures hold its warm-up."""
+    bench = wan_run.Wan(wan.parse_args([]), tmp_path)
+    real = subprocess.Popen
+    said: list[str] = []
+
+    def load_client(lines: list[str]) -> None:
+        argv = [sys.executable, "-c", "".join(f"print({line!r})\n" for line in lines)]
+        monkeypatch.setattr(wan_run.subprocess, "Popen", lambda _, **kw: real(argv, **kw))
+
+    load_client(["warm", '{"requests": 5}'])
+    assert bench.load("http://x/", 1, 5, True, {}, warmup=3, on_warm=lambda: said.append("warm"))
+    assert said == ["warm"]
+    load_client(['{"requests": 5}'])
+    with pytest.raises(wan_run.BenchError, match="never said where its measured requests start"):
+        bench.load("http://x/", 1, 5, True, {}, warmup=3, on_warm=lambda: said.append("warm"))
+    assert said == ["warm"]
+    assert bench.load("http://x/", 1, 5, True, {}) == {"requests": 5}  # no warm-up: no line

@@ -166,7 +166,8 @@ class Wan:
             assert popen.stdout is not None and popen.stderr is not None
             try:
                 line = popen.stdout.readline()
-                if warmup and line.strip() == "warm":
+                warmed = line.strip() == "warm"
+                if warmup and warmed:
                     if on_warm is not None:
                         on_warm()
                     line = popen.stdout.readline()
@@ -177,6 +178,8 @@ class Wan:
             errors = popen.stderr.read()
         if popen.returncode or not line.strip():
             raise BenchError(f"the load client failed: {errors.strip()[-2000:]}")
+        if warmup and not warmed:  # the counters would hold the warm-up: no figure of it
+            raise BenchError("the load client never said where its measured requests start")
         result: dict[str, Any] = json.loads(line)
         return result
 
