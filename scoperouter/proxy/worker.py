@@ -57,6 +57,12 @@ logger = logging.getLogger("scoperouter")
 
 TICK = 0.1  # seconds between two sweeps of the response deadlines
 CHECK_EVERY = 5  # ticks between two sweeps of the connections' own deadlines and idle pools
+# The collector's threshold for its youngest generation (CPython's default: 700 container
+# objects). Reference counting frees a request's objects; the collector is there for the rare
+# cycle. At 700, with 1,000 client connections (a request's objects live ~35 ms), nearly every
+# object was traced by young collections and promoted, and full collections followed: the
+# collector took ~10 % of a worker's CPU there (~0 at 50 connections, where objects die young).
+GC_YOUNG_THRESHOLD = 10_000
 
 
 class Worker:
@@ -258,6 +264,12 @@ def _minted(certificates: Certificates) -> tuple[int, int]:
     return certificates.made, len(certificates)
 
 
+def tune_collector() -> None:
+    """The worker's collector thresholds: :data:`GC_YOUNG_THRESHOLD` for the youngest
+    generation, CPython's own for the older ones."""
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+
+
 def run_worker(
     config_path: str,
     cloud: str,
@@ -282,6 +294,7 @@ def run_worker(
             # What start-up made (our modules, the config) lives as long as the worker: out of
             # the garbage collector's sight, full collections stay small.
             gc.freeze()
+            tune_collector()
             return await worker.run(control, drain)
 
         try:

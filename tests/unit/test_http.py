@@ -413,3 +413,18 @@ def test_an_upstream_head_or_trailers_beyond_the_bound_fail_the_exchange(tmp_pat
         assert statuses(got) == [502] and "head or trailers are larger" in error_message(got)
 
     run(tmp_path, answer, scenario)
+
+
+def test_worker_collector_young_threshold() -> None:
+    """A worker's youngest generation is collected after GC_YOUNG_THRESHOLD new container
+    objects (not CPython's 700); the older generations keep CPython's thresholds."""
+    from scoperouter.proxy import worker as worker_module
+
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        worker_module.tune_collector()
+        assert gc.get_threshold() == (worker_module.GC_YOUNG_THRESHOLD, 10, 10)
+        assert worker_module.GC_YOUNG_THRESHOLD > 700
+    finally:
+        gc.set_threshold(*before)
