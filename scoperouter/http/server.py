@@ -62,6 +62,7 @@ PIPELINE_MAX = 8  # requests queued on one connection before reading from it pau
 
 _CONTROL = heads.CONTROL
 _IDENTITY = heads.IDENTITY_NAMES.keys()
+_NO_OPTIONS: frozenset[bytes] = frozenset()  # no Connection field (one set, not one per request)
 
 
 class _Refused(Exception):
@@ -331,7 +332,7 @@ class ClientConnection(asyncio.BufferedProtocol):
                 raise _Refused(400, heads.TE_HTTP10_MESSAGE)
             if coding.strip(" \t").lower() != "chunked":
                 raise _Refused(501, heads.unknown_coding(_raw(coding)))
-        connection: frozenset[bytes] = frozenset()
+        connection = _NO_OPTIONS
         if "connection" in headers:  # compared as the bytes that came
             tokens = heads.connection_tokens(_raw(headers["connection"]))
             if tokens is None:
