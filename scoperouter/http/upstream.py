@@ -69,7 +69,10 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         # Its event loop, from connection_made on: asyncio.get_running_loop() makes a getpid()
         # system call at every call (CPython's check for a fork); wait() runs per exchange.
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.parser = httptools.HttpResponseParser(self)
+        # Its callbacks are this connection's methods: a reference cycle, dropped when the
+        # connection is lost (else every closed one waits for the cycle collector, which runs
+        # rarely in a worker: the pool's idle connections closed after a crowd stayed in memory).
+        self.parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self.open = False
         self.idle_since = 0.0
         self.on_lost: Callable[[UpstreamConnection], None] | None = None  # the lending pool
@@ -109,6 +112,7 @@ class UpstreamConnection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.open = False
+        self.parser = None  # nothing more is read: the cycle through its callbacks goes
         if self.flow is not None:
             self.flow.lost()
         if self.on_lost is not None:
@@ -151,10 +155,13 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         self.data_received(READ_BUFFER[:nbytes])
 
     def data_received(self, data: bytes | memoryview) -> None:
+        parser = self.parser
+        if parser is None:
+            return  # lost (a transport delivers nothing after connection_lost)
         self.received = True
         self._progress = False
         try:
-            self.parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
             if isinstance(exc.__context__, _StopBody):
                 self.parser = httptools.HttpResponseParser(self)  # the next answer's
@@ -211,7 +218,9 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         # else a trailer field: dropped (its bytes are bounded in data_received)
 
     def on_headers_complete(self) -> None:
-        status = self.parser.get_status_code()
+        parser = self.parser
+        assert parser is not None  # (a callback of its feed_data)
+        status = parser.get_status_code()
         self._in_head = status < 200  # an informational answer: the final head follows
         self._overhead = 0
         self.heads.append((status, self._reason, self._fields))
@@ -220,7 +229,7 @@ class UpstreamConnection(asyncio.BufferedProtocol):
             self.status = status
             self._wake()
             if self.skip_body:
-                self.complete, self.keep_alive = True, self.parser.should_keep_alive()
+                self.complete, self.keep_alive = True, parser.should_keep_alive()
                 raise _StopBody()
         else:
             self._wake()
@@ -250,7 +259,9 @@ class UpstreamConnection(asyncio.BufferedProtocol):
     def on_message_complete(self) -> None:
         if self.status < 200:
             return  # an informational answer; the final one follows
-        self.keep_alive = self.parser.should_keep_alive()
+        parser = self.parser
+        assert parser is not None  # (a callback of its feed_data)
+        self.keep_alive = parser.should_keep_alive()
         self.complete = True
         self._wake()
 

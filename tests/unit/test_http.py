@@ -11,6 +11,7 @@ import asyncio
 import gc
 import json
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ import httptools
 import yaml
 
 from scoperouter.http.server import ClientConnection
+from scoperouter.http.upstream import UpstreamConnection
 from scoperouter.proxy.worker import Worker
 
 HOST = "127.0.0.1"
@@ -413,6 +415,33 @@ def test_an_upstream_head_or_trailers_beyond_the_bound_fail_the_exchange(tmp_pat
         assert statuses(got) == [502] and "head or trailers are larger" in error_message(got)
 
     run(tmp_path, answer, scenario)
+
+
+def test_a_closed_upstream_connection_is_freed_without_the_cycle_collector(
+    tmp_path: Path,
+) -> None:
+    """An upstream connection's parser calls its methods too: when the pool closes its idle
+    connections (after a crowd, at their idle time), they go at once, not at the collector's
+    next pass (rare in a worker: its young threshold is high)."""
+
+    def upstream_connections() -> int:
+        return sum(1 for o in gc.get_objects() if isinstance(o, UpstreamConnection))
+
+    async def scenario(r: Rig) -> None:
+        for _ in range(3):
+            got = await r.exchange(b"GET /v2/images HTTP/1.1\r\nHost: x\r\n\r\n", wait=0.3)
+            assert statuses(got) == [200]
+        assert upstream_connections() >= 1  # kept idle by the pool
+        r.worker.pool.tidy(time.monotonic() + 3600)  # past their idle time: closed
+        await asyncio.sleep(0.1)  # their connection_lost
+        assert upstream_connections() == 0
+
+    gc.collect()
+    gc.disable()
+    try:
+        run(tmp_path, ok(), scenario)
+    finally:
+        gc.enable()
 
 
 def test_worker_collector_young_threshold() -> None:
