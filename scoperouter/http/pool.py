@@ -314,8 +314,10 @@ class Pool:
                 else:
                     conn.expire()
 
-    def tidy(self, now: float) -> None:
-        """Close idle connections past their idle time; top warm origins up (less often)."""
+    def tidy(self, now: float) -> int:
+        """Close idle connections past their idle time; top warm origins up (less often).
+        The number closed."""
+        closed = 0
         for origin, idle in self.idle.items():
             limit = self.idle_seconds.get(origin, IDLE_SECONDS)
             gone = [c for c in idle if now - c.idle_since > limit or not c.open]
@@ -329,8 +331,10 @@ class Pool:
             idle.extend(kept)  # in their order (one pass, not a removal per connection)
             for conn in gone:
                 conn.discard()
+            closed += len(gone)
         for origin in self.warm:
             self.refill(origin)
+        return closed
 
     def idle_count(self, origin: Origin) -> int:
         """Idle connections to `origin` that are still open."""

@@ -40,7 +40,7 @@ from scoperouter.errors import ConfigError
 from scoperouter.http.pool import Pool
 from scoperouter.proxy import eventloop
 from scoperouter.proxy.reverse import ReverseServer, configure_pool, transmit
-from scoperouter.router import logs, metrics
+from scoperouter.router import budget, logs, metrics
 from scoperouter.router.accesslog import AccessLog
 from scoperouter.router.combined import Combiner
 from scoperouter.router.config import RouterConfig
@@ -63,6 +63,10 @@ CHECK_EVERY = 5  # ticks between two sweeps of the connections' own deadlines an
 # object was traced by young collections and promoted, and full collections followed: the
 # collector took ~10 % of a worker's CPU there (~0 at 50 connections, where objects die young).
 GC_YOUNG_THRESHOLD = 10_000
+# Idle upstream connections closed in one tidy (a crowd's, at their idle time) after which the
+# worker hands its free heap memory back to the system (budget.trim_soon): glibc keeps what
+# their buffers and handles used inside its heap, between blocks still in use.
+TRIM_AFTER_CLOSED = 64
 
 
 class Worker:
@@ -218,7 +222,13 @@ class Worker:
                 self.forward.sweep(now)
             if ticks % CHECK_EVERY == 0:
                 self.reverse.check(now)
-                self.pool.tidy(now)
+                self.tidy(now)
+
+    def tidy(self, now: float) -> None:
+        """The idle upstream connections past their idle time closed; when a crowd's were
+        (:data:`TRIM_AFTER_CLOSED` or more), the free heap memory handed back soon after."""
+        if self.pool.tidy(now) >= TRIM_AFTER_CLOSED:
+            budget.trim_soon()
 
     async def _drain(self, grace: float) -> None:
         """Stop listening, close idle client connections, give requests in flight `grace`

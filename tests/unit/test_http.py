@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httptools
+import pytest
 import yaml
 
 from scoperouter.http.server import ClientConnection
@@ -442,6 +443,40 @@ def test_a_closed_upstream_connection_is_freed_without_the_cycle_collector(
         run(tmp_path, ok(), scenario)
     finally:
         gc.enable()
+
+
+def test_a_worker_hands_memory_back_after_closing_a_crowds_idle_connections(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When a tidy closes TRIM_AFTER_CLOSED idle upstream connections or more (those a crowd
+    left, at their idle time), the worker trims its heap soon after; fewer: no trim."""
+    from scoperouter.proxy import worker as worker_module
+    from scoperouter.router import budget
+
+    trims: list[int] = []
+    monkeypatch.setattr(budget, "trim_soon", lambda: trims.append(1))
+
+    @dataclass
+    class Tidied:
+        closed: int
+
+        def tidy(self, now: float) -> int:
+            return self.closed
+
+    async def scenario(r: Rig) -> None:
+        pool = r.worker.pool
+        try:
+            for closed in (worker_module.TRIM_AFTER_CLOSED - 1, 0):
+                r.worker.pool = Tidied(closed)  # type: ignore[assignment]
+                r.worker.tidy(time.monotonic())
+            assert trims == []
+            r.worker.pool = Tidied(worker_module.TRIM_AFTER_CLOSED)  # type: ignore[assignment]
+            r.worker.tidy(time.monotonic())
+            assert trims == [1]
+        finally:
+            r.worker.pool = pool
+
+    run(tmp_path, ok(), scenario)
 
 
 def test_worker_collector_young_threshold() -> None:

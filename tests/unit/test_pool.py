@@ -143,7 +143,7 @@ def test_an_expired_peer_connection_lowers_the_target_one_the_peer_closed_does_n
     conns = _idle(pool, PEER, 3)
     conns[0].open = False  # the peer closed it: the load still wants it, it is opened again
     conns[1].idle_since = time.monotonic() - 1000  # unused for longer than the idle time
-    pool.tidy(time.monotonic())
+    assert pool.tidy(time.monotonic()) == 2  # the one the peer closed, the one past its time
     assert warm.target == 7
     assert list(pool.idle[PEER]) == [conns[2]]
     assert conns[1].transport.closed
@@ -170,7 +170,7 @@ def test_the_pool_keeps_idle_what_the_load_had_in_flight_and_tidies_in_one_pass(
     now = time.monotonic()
     for conn in conns[::2]:
         conn.idle_since = now - 60  # past IDLE_SECONDS
-    pool.tidy(now)
+    assert pool.tidy(now) == 150
     assert list(pool.idle[BACKEND]) == conns[1::2]
     assert all(c.transport.closed for c in conns[::2])  # discarded
     assert not any(c.transport.closed for c in conns[1::2])
