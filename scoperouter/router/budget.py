@@ -10,9 +10,11 @@ them all back when its answer is made, whatever happened (:meth:`Lease.release` 
 request is answered 503 (:mod:`scoperouter.router.combined`).
 
 Bookkeeping, no I/O: a worker runs one event loop, so no lock is needed. After a large
-combined request, :func:`trim_soon` hands the freed memory back to the system: glibc keeps
-large freed buffers in its heap once its mmap threshold has grown (it does after the first
-multi-MiB buffer is freed), so without ``malloc_trim`` a worker's RSS stays at its peak.
+combined request (and when the worker's pool closes a crowd's idle upstream connections:
+:meth:`scoperouter.proxy.worker.Worker.tidy`), :func:`trim_soon` hands the freed memory back
+to the system: glibc keeps large freed buffers in its heap once its mmap threshold has grown
+(it does after the first multi-MiB buffer is freed), and small blocks freed between blocks
+still in use, so without ``malloc_trim`` a worker's RSS stays at its peak.
 """
 
 from __future__ import annotations
