@@ -30,6 +30,18 @@ peer is closing.
 Connections lent to an exchange are the pool's too until given back: :meth:`Pool.sweep`
 expires those whose response deadline has passed (one sweep per process, no timer per
 request).
+
+A backend's connections lent at once are held near :data:`LENT_SOFT_MAX` per origin: a request
+that finds none idle while that many are lent or opening waits for the next one given back
+(first come, first served) instead of opening its own, for up to :data:`QUEUE_WAIT` (checked
+by the sweep); after that, or when a lent one is closed instead, it opens one. Why: a worker
+takes its ready client connections in batches, and without the bound a batch of hundreds of
+requests opened hundreds of backend connections, most of them waiting only for the worker to
+read their answers: at 1,000 client connections every request paid for a working set of ~500
+backend sockets per worker (CPU per request 0.85x with the bound at 128, and at 64, in an
+alternating A/B; nothing changes below it). Soft: a slow backend (long transfers) costs a
+request beyond the bound at most one wait, never a refusal. Peer routers' warm connections
+keep their own target.
 """
 
 from __future__ import annotations
@@ -42,6 +54,7 @@ import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from scoperouter.http.upstream import Origin, UpstreamConnection
 
@@ -49,8 +62,17 @@ logger = logging.getLogger("scoperouter")
 
 IDLE_MAX = 1024  # idle upstream connections kept per origin (each one was in use at a peak)
 IDLE_SECONDS = 15.0  # an idle upstream connection older than this is closed
+LENT_SOFT_MAX = 128  # a backend's connections lent or opening at once before requests wait
+QUEUE_WAIT = 0.1  # seconds a request waits for a connection given back before opening its own
 WARM_RETRY_SECONDS = 5.0  # a failed connect ahead to a peer router is tried again after this,
 WARM_RETRY_MAX = 60.0  # doubling up to this while it keeps failing
+
+
+class _Waiter(NamedTuple):
+    """A request waiting for a connection given back."""
+
+    since: float  # time.monotonic()
+    future: asyncio.Future[UpstreamConnection | None]
 
 
 @dataclass(slots=True)
@@ -149,6 +171,9 @@ class Pool:
         self.warm: dict[Origin, Warm] = {}
         self.idle_seconds: dict[Origin, float] = {}  # per origin, else IDLE_SECONDS
         self._tasks: set[asyncio.Task[None]] = set()
+        self._opening: dict[Origin, int] = {}  # connects under way for requests, per backend
+        # requests waiting for a connection given back, per backend, oldest first
+        self._waiting: dict[Origin, collections.deque[_Waiter]] = {}
         self._closed = False
         self._on_lost = self.returned  # one bound method, not one per lending
 
@@ -206,7 +231,12 @@ class Pool:
         lent.add(conn)
 
     def returned(self, conn: UpstreamConnection) -> None:
-        """`conn`'s exchange is over (given back, or its connection is gone)."""
+        """`conn`'s exchange is over and it goes (closed, or lost): a request waiting for a
+        connection to its origin opens its own."""
+        self._unlend(conn)
+        self._hand_over(conn.origin, None)
+
+    def _unlend(self, conn: UpstreamConnection) -> None:
         conn.on_lost = None
         conn.deadline = None
         lent = self.lent.get(conn.origin)
@@ -232,10 +262,21 @@ class Pool:
 
     async def connect(self, origin: Origin, timeout: float) -> UpstreamConnection:
         """A new connection to `origin`, lent to the caller as :meth:`take`'s (none was
-        idle). TimeoutError after `timeout`; OSError or ssl.SSLError when it fails."""
+        idle), or one given back meanwhile (a backend at :data:`LENT_SOFT_MAX`). TimeoutError
+        after `timeout`; OSError or ssl.SSLError when it fails."""
         warm = self.warm.get(origin)
         if warm is None:
-            conn = await self._open(origin, timeout)
+            opening = self._opening.get(origin, 0)
+            if self.lent_count(origin) + opening >= LENT_SOFT_MAX:
+                handed = await self._wait_for_one(origin)
+                if handed is not None:
+                    return handed
+                opening = self._opening.get(origin, 0)
+            self._opening[origin] = opening + 1
+            try:
+                conn = await self._open(origin, timeout)
+            finally:
+                self._opening[origin] -= 1
         else:
             warm.connecting += 1
             warm.used(self.lent_count(origin) + warm.connecting)
@@ -248,6 +289,39 @@ class Pool:
                 self.on_peer_connect(origin, "request")
         self._lend(conn)
         return conn
+
+    async def _wait_for_one(self, origin: Origin) -> UpstreamConnection | None:
+        """The next connection to `origin` given back (lent to the caller), or None: open
+        one (waited :data:`QUEUE_WAIT`, or a lent one was closed)."""
+        waiter: asyncio.Future[UpstreamConnection | None] = (
+            asyncio.get_running_loop().create_future()
+        )
+        waiting = self._waiting.get(origin)
+        if waiting is None:
+            waiting = self._waiting[origin] = collections.deque()
+        waiting.append(_Waiter(time.monotonic(), waiter))
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            # Cancelled after a connection was handed over, before it ran: not lost.
+            if waiter.done() and not waiter.cancelled():
+                handed = waiter.result()
+                if handed is not None:
+                    self.give_back(handed)
+            raise
+
+    def _hand_over(self, origin: Origin, conn: UpstreamConnection | None) -> bool:
+        """Wake the oldest request waiting for a connection to `origin` with `conn` (lent to
+        it), or with None (it opens its own); False when none waits."""
+        waiting = self._waiting.get(origin)
+        while waiting:
+            waiter = waiting.popleft().future
+            if not waiter.done():
+                if conn is not None:
+                    self._lend(conn)
+                waiter.set_result(conn)
+                return True
+        return False
 
     def refill(self, origin: Origin) -> None:
         """Open connections to a warm origin until its target is lent, idle or opening (at
@@ -292,9 +366,13 @@ class Pool:
         self.give_back(conn)
 
     def give_back(self, conn: UpstreamConnection) -> None:
-        """An exchange is over and its connection may carry another (else it is closed)."""
-        self.returned(conn)
+        """An exchange is over and its connection may carry another: to the oldest request
+        waiting for one, else idle (else it is closed)."""
+        self._unlend(conn)
         if not conn.open:
+            self._hand_over(conn.origin, None)
+            return
+        if self._hand_over(conn.origin, conn):
             return
         idle = self.idle.setdefault(conn.origin, collections.deque())
         if len(idle) >= IDLE_MAX or self._closed:
@@ -306,7 +384,13 @@ class Pool:
     def sweep(self, now: float) -> None:
         """Expire the exchanges past their response deadline (each tick). An answer whose
         reading is paused (its client reads slowly) is not the upstream's delay: its deadline
-        moves on (the client's own is the server's unread-answer timeout)."""
+        moves on (the client's own is the server's unread-answer timeout). Requests waiting
+        for a connection given back for :data:`QUEUE_WAIT` open their own."""
+        for waiting in self._waiting.values():
+            while waiting and now - waiting[0].since >= QUEUE_WAIT:
+                waiter = waiting.popleft().future
+                if not waiter.done():
+                    waiter.set_result(None)
         for lent in self.lent.values():
             for conn in [c for c in lent if c.deadline is not None and now >= c.deadline]:
                 if conn.progress_timeout is not None and conn.flow and conn.flow.read_paused:
@@ -344,6 +428,10 @@ class Pool:
         self._closed = True
         for task in self._tasks:
             task.cancel()
+        for waiting in self._waiting.values():
+            for item in waiting:
+                item.future.cancel()
+        self._waiting.clear()
         for idle in self.idle.values():
             for conn in idle:
                 conn.discard()

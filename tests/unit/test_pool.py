@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import ssl
 import time
 from pathlib import Path
 from typing import Any
 
-from scoperouter.http.pool import Pool, Warm, WarmSpec, client_context
+from scoperouter.http.pool import (
+    LENT_SOFT_MAX,
+    QUEUE_WAIT,
+    Pool,
+    Warm,
+    WarmSpec,
+    client_context,
+)
 from scoperouter.http.upstream import Origin, UpstreamConnection
 from scoperouter.pki import new_ca
 
@@ -223,3 +231,61 @@ def test_the_pool_tells_which_peer_connections_a_request_waited_for() -> None:
 
     peer, seen = asyncio.run(run())
     assert sorted(seen) == [(peer, "ahead"), (peer, "request")]
+
+
+def test_a_backend_at_its_soft_bound_lends_the_next_connection_given_back() -> None:
+    """LENT_SOFT_MAX connections lent to a backend: the next request waits for one given back
+    and gets it (nothing opened); one waiting QUEUE_WAIT (the sweep) or woken by a lent one
+    that was closed opens its own; one cancelled after a connection was handed over gives it
+    back (idle, not lost)."""
+
+    async def scenario() -> None:
+        held: list[asyncio.StreamWriter] = []
+
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            held.append(writer)
+
+        server = await asyncio.start_server(accept, "127.0.0.1", 0)
+        origin = Origin("http", "127.0.0.1", server.sockets[0].getsockname()[1])
+        pool = Pool()
+        _configure(pool, {})
+        try:
+            lent = [await pool.connect(origin, 2.0) for _ in range(LENT_SOFT_MAX)]
+            assert pool.lent_count(origin) == LENT_SOFT_MAX
+
+            waiting = asyncio.ensure_future(pool.connect(origin, 2.0))
+            await asyncio.sleep(0.05)
+            assert not waiting.done()  # at the bound: waits, opens nothing
+            pool.give_back(lent[0])
+            assert await waiting is lent[0]
+            assert pool.lent_count(origin) == LENT_SOFT_MAX and not pool.idle.get(origin)
+
+            late = asyncio.ensure_future(pool.connect(origin, 2.0))
+            await asyncio.sleep(0.05)
+            assert not late.done()
+            pool.sweep(time.monotonic() + QUEUE_WAIT)  # waited long enough: opens its own
+            opened = await late
+            assert opened not in lent and pool.lent_count(origin) == LENT_SOFT_MAX + 1
+
+            woken = asyncio.ensure_future(pool.connect(origin, 2.0))
+            await asyncio.sleep(0.05)
+            pool.returned(lent[1])  # a lent one closed instead of given back
+            lent[1].discard()
+            assert await woken not in lent
+
+            cancelled = asyncio.ensure_future(pool.connect(origin, 2.0))
+            await asyncio.sleep(0.05)
+            pool.give_back(lent[2])  # handed over, then the request is cancelled
+            cancelled.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await cancelled
+            assert list(pool.idle[origin]) == [lent[2]]
+        finally:
+            pool.close()
+            for conn in [c for lent_set in pool.lent.values() for c in lent_set]:
+                conn.discard()
+            server.close()
+            for writer in held:
+                writer.close()
+
+    asyncio.run(scenario())
