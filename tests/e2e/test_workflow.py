@@ -320,8 +320,10 @@ def test_bad_tokens_through_keystoneauth_and_the_cli(lab, fed):
                     f"http://{one.front_ip}:8774/v2.1/servers"):  # fmt: skip
             resp = sess.get(url, raise_exc=False)
             assert resp.status_code == 401, (url, resp.status_code, resp.text[:300])
+        # --os-token=VALUE: a random token may start with "-" (token_urlsafe's alphabet), which
+        # argparse would take for an option in "--os-token VALUE" (about one run in 64)
         proc = _cli(
-            lab, None, "--os-auth-type", "v3token", "--os-token", token,
+            lab, None, "--os-auth-type", "v3token", f"--os-token={token}",
             "--os-auth-url", f"http://{one.front_ip}:5000/v3", "--os-project-name", "demo",
             "--os-project-domain-name", "Default", "--os-region-name", one.region,
             "image", "list", scope=_scope(image=two.name), check=False,
