@@ -232,16 +232,20 @@ class Pool:
 
     def returned(self, conn: UpstreamConnection) -> None:
         """`conn`'s exchange is over and it goes (closed, or lost): a request waiting for a
-        connection to its origin opens its own."""
-        self._unlend(conn)
-        self._hand_over(conn.origin, None)
+        connection to its origin opens its own (once: a lost connection is returned again
+        when its exchange ends)."""
+        if self._unlend(conn):
+            self._hand_over(conn.origin, None)
 
-    def _unlend(self, conn: UpstreamConnection) -> None:
+    def _unlend(self, conn: UpstreamConnection) -> bool:
+        """`conn` no longer lent; whether it was."""
         conn.on_lost = None
         conn.deadline = None
         lent = self.lent.get(conn.origin)
-        if lent is not None:
-            lent.discard(conn)
+        if lent is None or conn not in lent:
+            return False
+        lent.remove(conn)
+        return True
 
     async def _open(self, origin: Origin, timeout: float) -> UpstreamConnection:
         loop = asyncio.get_running_loop()
@@ -368,10 +372,10 @@ class Pool:
     def give_back(self, conn: UpstreamConnection) -> None:
         """An exchange is over and its connection may carry another: to the oldest request
         waiting for one, else idle (else it is closed)."""
-        self._unlend(conn)
         if not conn.open:
-            self._hand_over(conn.origin, None)
+            self.returned(conn)
             return
+        self._unlend(conn)
         if self._hand_over(conn.origin, conn):
             return
         idle = self.idle.setdefault(conn.origin, collections.deque())

@@ -236,8 +236,9 @@ def test_the_pool_tells_which_peer_connections_a_request_waited_for() -> None:
 def test_a_backend_at_its_soft_bound_lends_the_next_connection_given_back() -> None:
     """LENT_SOFT_MAX connections lent to a backend: the next request waits for one given back
     and gets it (nothing opened); one waiting QUEUE_WAIT (the sweep) or woken by a lent one
-    that was closed opens its own; one cancelled after a connection was handed over gives it
-    back (idle, not lost)."""
+    that was closed opens its own (one waiter per closed connection, however often it is
+    returned); one cancelled after a connection was handed over gives it back (idle, not
+    lost)."""
 
     async def scenario() -> None:
         held: list[asyncio.StreamWriter] = []
@@ -272,6 +273,13 @@ def test_a_backend_at_its_soft_bound_lends_the_next_connection_given_back() -> N
             pool.returned(lent[1])  # a lent one closed instead of given back
             lent[1].discard()
             assert await woken not in lent
+            still = asyncio.ensure_future(pool.connect(origin, 2.0))
+            await asyncio.sleep(0.05)
+            pool.returned(lent[1])  # returned again (lost, then its exchange ended): no wake
+            await asyncio.sleep(0.05)
+            assert not still.done()
+            pool.give_back(lent[3])
+            assert await still is lent[3]
 
             cancelled = asyncio.ensure_future(pool.connect(origin, 2.0))
             await asyncio.sleep(0.05)
