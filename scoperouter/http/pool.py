@@ -38,8 +38,8 @@ by the sweep); after that, or when a lent one is closed instead, it opens one. W
 takes its ready client connections in batches, and without the bound a batch of hundreds of
 requests opened hundreds of backend connections, most of them waiting only for the worker to
 read their answers: at 1,000 client connections every request paid for a working set of ~500
-backend sockets per worker (CPU per request 0.85x with the bound at 128, and at 64, in an
-alternating A/B; nothing changes below it). Soft: a slow backend (long transfers) costs a
+backend sockets per worker (the figures: docs/benchmarks.md; nothing changes below the
+bound). Soft: a slow backend (long transfers) costs a
 request beyond the bound at most one wait, never a refusal. Peer routers' warm connections
 keep their own target.
 """

@@ -60,8 +60,9 @@ CHECK_EVERY = 5  # ticks between two sweeps of the connections' own deadlines an
 # The collector's threshold for its youngest generation (CPython's default: 700 container
 # objects). Reference counting frees a request's objects; the collector is there for the rare
 # cycle. At 700, with 1,000 client connections (a request's objects live ~35 ms), nearly every
-# object was traced by young collections and promoted, and full collections followed: the
-# collector took ~10 % of a worker's CPU there (~0 at 50 connections, where objects die young).
+# object was traced by young collections and promoted, and full collections followed: a
+# tenth of a worker's CPU there, none at 50 connections where objects die young
+# (docs/benchmarks.md, "The collector at 1,000 connections").
 GC_YOUNG_THRESHOLD = 10_000
 # Idle upstream connections closed in one tidy (a crowd's, at their idle time) after which the
 # worker hands its free heap memory back to the system (budget.trim_soon): glibc keeps what
