@@ -378,7 +378,9 @@ class Pool:
         self._unlend(conn)
         if self._hand_over(conn.origin, conn):
             return
-        idle = self.idle.setdefault(conn.origin, collections.deque())
+        idle = self.idle.get(conn.origin)
+        if idle is None:  # (not setdefault: its default would be a deque made per call)
+            idle = self.idle[conn.origin] = collections.deque()
         if len(idle) >= IDLE_MAX or self._closed:
             conn.discard()
             return
