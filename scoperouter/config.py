@@ -51,6 +51,7 @@ data path, its own HTTP server (what ``lean`` was). ``lean`` is accepted with a 
 __all__ = ["build_catalog", "load_catalog", "parse_catalog", "read_config"]
 
 POOL_WARM_MAX = 64  # settings.peers.warm: at most this many connections opened ahead per peer
+BUSY_POLL_MAX = 1000  # settings.busy_poll_us: at most a millisecond of polling after I/O
 
 
 def load_catalog(
@@ -196,8 +197,19 @@ class _Loader:
         if event_loop not in EVENT_LOOPS:
             choices = " or ".join(EVENT_LOOPS)
             raise ConfigError(f"{where}.event_loop", f"must be {choices}, not {event_loop!r}")
+        busy_poll_us = doc.get("busy_poll_us", defaults.busy_poll_us)
+        if (
+            not isinstance(busy_poll_us, int)
+            or isinstance(busy_poll_us, bool)
+            or not 0 <= busy_poll_us <= BUSY_POLL_MAX
+        ):
+            raise ConfigError(
+                f"{where}.busy_poll_us",
+                f"must be an integer from 0 to {BUSY_POLL_MAX}, not {busy_poll_us!r}",
+            )
         return Settings(
             hop_limit=hop_limit,
+            busy_poll_us=busy_poll_us,
             ca_bundle=ca_bundle,
             verify=verify,
             limits=self.limits(doc.get("limits") or {}, f"{where}.limits"),

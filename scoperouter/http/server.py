@@ -110,6 +110,8 @@ class ServerState:
         self.connections: set[ClientConnection] = set()
         self.on_open: Callable[[], None] | None = None
         self.on_close: Callable[[], None] | None = None
+        # a request's bytes read, an answer's written (the worker's busy polling: proxy/busypoll)
+        self.on_io: Callable[[], None] | None = None
 
 
 class ClientConnection(asyncio.BufferedProtocol):
@@ -213,6 +215,9 @@ class ClientConnection(asyncio.BufferedProtocol):
     def data_received(self, data: bytes | memoryview) -> None:
         if self.refused:
             return  # lingering after a refusal: what still comes is dropped
+        on_io = self.state.on_io
+        if on_io is not None:
+            on_io()
         parser = self.parser
         if parser is None:
             return  # lost (a transport delivers nothing after connection_lost)
@@ -449,6 +454,9 @@ class ClientConnection(asyncio.BufferedProtocol):
     def write(self, data: bytes) -> None:
         if self.transport is not None and not self.closed:
             self.transport.write(data)
+            on_io = self.state.on_io
+            if on_io is not None:
+                on_io()
 
     # -- the requests, in order
 

@@ -39,6 +39,7 @@ from scoperouter.catalog import EVENT_LOOPS, Catalog, EventLoop
 from scoperouter.errors import ConfigError
 from scoperouter.http.pool import Pool
 from scoperouter.proxy import eventloop
+from scoperouter.proxy.busypoll import BusyPoll
 from scoperouter.proxy.reverse import ReverseServer, configure_pool, transmit
 from scoperouter.router import budget, logs, metrics
 from scoperouter.router.accesslog import AccessLog
@@ -114,9 +115,21 @@ class Worker:
                 else functools.partial(_minted, interception.certificates)
             ),
         )
+        self.busy_poll: BusyPoll | None = None  # opened on the loop (_serve)
+        self.busy_window = 0.0
+        config.subscribe(self._configure_busy_poll)
         self._stop = asyncio.Event()
         self._reloading: asyncio.Task[None] | None = None
         self._reload_again = False
+
+    def _configure_busy_poll(self, catalog: Catalog) -> None:
+        """``settings.busy_poll_us``: the window, and whether connections poke at all (0: no
+        call per request)."""
+        self.busy_window = catalog.settings.busy_poll_us / 1e6
+        poll = self.busy_poll
+        if poll is not None:
+            poll.window = self.busy_window
+            self.reverse.state.on_io = poll.poke if self.busy_window > 0 else None
 
     def reload(self) -> None:
         """SIGHUP. The file is read and checked in a thread, so requests go on meanwhile (a
@@ -169,6 +182,8 @@ class Worker:
             logger.error("could not start the listeners of %s (%s); exiting", cloud, exc)
             await self._close()
             return 1
+        self.busy_poll = BusyPoll.open(asyncio.get_running_loop())
+        self._configure_busy_poll(self.config.current())
         sweeper = asyncio.get_running_loop().create_task(self.sweep())
         for origin in self.pool.warm:  # the peer routers: connections opened ahead
             self.pool.refill(origin)
@@ -251,6 +266,10 @@ class Worker:
 
     async def _close(self) -> None:
         self.reverse.stop_listening()
+        self.reverse.state.on_io = None
+        if self.busy_poll is not None:
+            self.busy_poll.close()
+            self.busy_poll = None
         self.pool.close()
         if self.forward is not None:
             await self.forward.stop_listening()
