@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,26 +26,32 @@ def _loadavg(path: Path, running: int) -> None:
     path.write_text(f"0.50 0.40 0.30 {running}/180 4242\n")
 
 
-def _open(path: Path, cores: int = 2) -> BusyPoll:
-    poll = BusyPoll.open(asyncio.get_running_loop(), str(path), cores=cores)
-    assert poll is not None
-    return poll
-
-
-async def _until(condition: Any, seconds: float = 2.0) -> None:
+async def _until(condition: Callable[[], bool], seconds: float = 2.0) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
         assert time.monotonic() < deadline, "not within the time given"
         await asyncio.sleep(0.001)
 
 
-def test_polls_for_its_window_after_io_then_sleeps(tmp_path: Path) -> None:
+def _run(
+    tmp_path: Path, running: int, window: float, scenario: Callable[[BusyPoll, Path], Any]
+) -> None:
+    """`scenario(poll, path)` on a loop, the poll's running count read from `path` (written
+    with `running` first), 2 cores, `window` seconds."""
     path = tmp_path / "loadavg"
-    _loadavg(path, running=1)
+    _loadavg(path, running)
 
     async def main() -> None:
-        poll = _open(path)
-        poll.window = 0.02
+        poll = BusyPoll.open(asyncio.get_running_loop(), str(path), cores=2)
+        assert poll is not None
+        poll.window = window
+        await scenario(poll, path)
+
+    asyncio.run(main())
+
+
+def test_polls_for_its_window_after_io_then_sleeps(tmp_path: Path) -> None:
+    async def scenario(poll: BusyPoll, path: Path) -> None:
         started = time.monotonic()
         poll.poke()
         assert poll.polling
@@ -53,16 +60,11 @@ def test_polls_for_its_window_after_io_then_sleeps(tmp_path: Path) -> None:
         assert poll.turns > 1  # the loop turned while it polled (no sleep of 20 ms)
         poll.close()
 
-    asyncio.run(main())
+    _run(tmp_path, 1, 0.02, scenario)
 
 
 def test_each_poke_extends_the_window(tmp_path: Path) -> None:
-    path = tmp_path / "loadavg"
-    _loadavg(path, running=2)  # this worker and one other task: a core to spare on 2
-
-    async def main() -> None:
-        poll = _open(path)
-        poll.window = 0.03
+    async def scenario(poll: BusyPoll, path: Path) -> None:
         started = time.monotonic()
         poll.poke()
         await asyncio.sleep(0.02)
@@ -71,16 +73,12 @@ def test_each_poke_extends_the_window(tmp_path: Path) -> None:
         assert time.monotonic() - started >= 0.05
         poll.close()
 
-    asyncio.run(main())
+    # this worker and one other task: a core to spare on 2
+    _run(tmp_path, 2, 0.03, scenario)
 
 
 def test_no_polling_while_another_task_waits_for_a_core(tmp_path: Path) -> None:
-    path = tmp_path / "loadavg"
-    _loadavg(path, running=3)  # 3 running on 2 cores: one waits
-
-    async def main() -> None:
-        poll = _open(path)
-        poll.window = 1.0
+    async def scenario(poll: BusyPoll, path: Path) -> None:
         poll.poke()
         assert not poll.polling
         _loadavg(path, running=1)
@@ -91,16 +89,11 @@ def test_no_polling_while_another_task_waits_for_a_core(tmp_path: Path) -> None:
         assert poll.polling
         poll.close()
 
-    asyncio.run(main())
+    _run(tmp_path, 3, 1.0, scenario)  # 3 running on 2 cores: one waits
 
 
 def test_polling_stops_when_the_machine_gets_busy(tmp_path: Path) -> None:
-    path = tmp_path / "loadavg"
-    _loadavg(path, running=1)
-
-    async def main() -> None:
-        poll = _open(path)
-        poll.window = 10.0
+    async def scenario(poll: BusyPoll, path: Path) -> None:
         poll.poke()
         await asyncio.sleep(0.01)
         assert poll.polling
@@ -108,21 +101,16 @@ def test_polling_stops_when_the_machine_gets_busy(tmp_path: Path) -> None:
         await _until(lambda: not poll.polling, seconds=1.0)  # at the next turn
         poll.close()
 
-    asyncio.run(main())
+    _run(tmp_path, 1, 10.0, scenario)
 
 
 def test_a_closed_poll_stops(tmp_path: Path) -> None:
-    path = tmp_path / "loadavg"
-    _loadavg(path, running=1)
-
-    async def main() -> None:
-        poll = _open(path)
-        poll.window = 10.0
+    async def scenario(poll: BusyPoll, path: Path) -> None:
         poll.poke()
         poll.close()
         await _until(lambda: not poll.polling, seconds=1.0)
 
-    asyncio.run(main())
+    _run(tmp_path, 1, 10.0, scenario)
 
 
 @pytest.mark.parametrize("content", [None, "", "garbage\n", "0.1 0.1 0.1 x/10 1\n"])
@@ -191,7 +179,8 @@ def test_a_worker_pokes_at_a_request_read_and_its_answer_written(tmp_path: Path)
         async with rig(tmp_path, ok()) as r:
             worker = r.worker
             assert worker.reverse.state.on_io is None  # no poll until the worker serves
-            worker.busy_poll = _open(path)
+            worker.busy_poll = BusyPoll.open(asyncio.get_running_loop(), str(path), cores=2)
+            assert worker.busy_poll is not None
             worker._configure_busy_poll(worker.config.current())
             assert worker.busy_window == Settings().busy_poll_us / 1e6
             pokes: list[float] = []
