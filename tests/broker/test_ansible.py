@@ -672,3 +672,31 @@ def test_a_service_s_env_is_checked_when_the_broker_starts() -> None:
     ):
         with pytest.raises(BrokerConfigError, match=re.escape(says)):
             run_env(bad, "services.p.env")
+
+
+def test_ansible_runner_is_imported_by_one_thread_at_a_time() -> None:
+    """The broker's worker threads start their first runs together: ansible-runner is imported
+    under a lock (two threads importing its modules at once saw one partially initialised, and
+    every later run of the process failed). In a fresh interpreter: a thread asking for the
+    classes while the lock is held waits, imports nothing, then gets them."""
+    import subprocess
+    import sys
+
+    script = """
+import sys, threading, time
+from scoperouter.broker.services.ansible import playbook
+assert "ansible_runner.runner" not in sys.modules
+got = []
+with playbook._RUNNER_IMPORT:
+    thread = threading.Thread(target=lambda: got.append(playbook.runner_classes()))
+    thread.start()
+    time.sleep(0.3)
+    assert thread.is_alive() and "ansible_runner.runner" not in sys.modules, "not serialised"
+thread.join(30)
+assert [c.__name__ for c in got[0]] == ["RunnerConfig", "Runner"], got
+print("ok")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

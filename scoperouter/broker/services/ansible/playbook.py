@@ -50,6 +50,7 @@ import shutil
 import signal
 import stat
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -225,6 +226,22 @@ class RunSpec:
     on_task: Callable[[str], None] = lambda _name: None
 
 
+_RUNNER_IMPORT = threading.Lock()
+
+
+def runner_classes() -> tuple[Any, Any]:
+    """ansible-runner's ``RunnerConfig`` and ``Runner``, imported on first use (a broker
+    without Ansible packs never loads it), by one thread at a time: the broker's worker threads
+    start their first runs together, and two threads importing ansible-runner's modules at once
+    (they import each other) saw one partially initialised ("cannot import name 'Runner' from
+    partially initialized module 'ansible_runner.runner'"), and every later run of the process
+    failed ("'module' object is not iterable"): seen in the fuzz step's OSB family under load."""
+    with _RUNNER_IMPORT:
+        from ansible_runner.config.runner import RunnerConfig  # type: ignore[import-untyped]
+        from ansible_runner.runner import Runner  # type: ignore[import-untyped]
+    return RunnerConfig, Runner
+
+
 class Playbooks:
     """Runs playbooks with ansible-runner (one object per service; thread-safe)."""
 
@@ -360,9 +377,7 @@ class Playbooks:
         ]
 
     def run(self, spec: RunSpec) -> RunResult:
-        from ansible_runner.config.runner import RunnerConfig  # type: ignore[import-untyped]
-        from ansible_runner.runner import Runner  # type: ignore[import-untyped]
-
+        RunnerConfig, Runner = runner_classes()
         reap(spec.marker)
         pdd = self._prepare(spec)
         events = _Events(spec)
