@@ -14,11 +14,11 @@ nginx or a neighbour need their share of the cores more than it needs to poll.
 "A core to spare" is the kernel's count of running tasks (``/proc/loadavg``, this worker
 included) at most the number of cores: read when polling would start (a refusal is kept for
 :data:`REFUSAL_SECONDS`: not read at every request of a busy worker) and at every turn of the
-loop while it polls (a pread of ~2 µs: checked every 32 turns instead, a worker at 1,000
-connections polled on while the processes its writes had woken waited for a core, and lost
-14 % of its req/s). Polling is a callback that schedules itself again: while one is ready, the
-loop asks the kernel for events without waiting. Where ``/proc/loadavg`` cannot be read (not Linux),
-there is no busy polling. The figures: docs/benchmarks.md ("Busy polling at low concurrency").
+loop while it polls (one pread: checked only every 32 turns, a worker at 1,000 connections
+polled on while the processes its writes had woken waited for a core, and lost req/s).
+Polling is a callback that schedules itself again: while one is ready, the loop asks the
+kernel for events without waiting. Where ``/proc/loadavg`` cannot be read (not Linux), there
+is no busy polling. The figures: docs/benchmarks.md ("Busy polling at low concurrency").
 """
 
 from __future__ import annotations
