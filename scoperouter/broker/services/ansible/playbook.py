@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import logging
 import os
 import re
@@ -229,17 +230,17 @@ class RunSpec:
 _RUNNER_IMPORT = threading.Lock()
 
 
-def runner_classes() -> tuple[Any, Any]:
-    """ansible-runner's ``RunnerConfig`` and ``Runner``, imported on first use (a broker
-    without Ansible packs never loads it), by one thread at a time: the broker's worker threads
-    start their first runs together, and two threads importing ansible-runner's modules at once
-    (they import each other) saw one partially initialised ("cannot import name 'Runner' from
-    partially initialized module 'ansible_runner.runner'"), and every later run of the process
-    failed ("'module' object is not iterable"): seen in the fuzz step's OSB family under load."""
+def import_runner() -> None:
+    """Import ansible-runner (on first use: a broker without Ansible packs never loads it), one
+    thread at a time: the broker's worker threads start their first runs together, and two
+    threads importing ansible-runner's modules at once (they import each other) saw one partially
+    initialised ("cannot import name 'Runner' from partially initialized module
+    'ansible_runner.runner'"), and every later run of the process failed ("'module' object is not
+    iterable"): seen in the fuzz step's OSB family under load. Once it returns, its modules are
+    whole: importing names from them only reads ``sys.modules``."""
     with _RUNNER_IMPORT:
-        from ansible_runner.config.runner import RunnerConfig  # type: ignore[import-untyped]
-        from ansible_runner.runner import Runner  # type: ignore[import-untyped]
-    return RunnerConfig, Runner
+        for module in ("ansible_runner.config.runner", "ansible_runner.runner"):
+            importlib.import_module(module)
 
 
 class Playbooks:
@@ -377,7 +378,10 @@ class Playbooks:
         ]
 
     def run(self, spec: RunSpec) -> RunResult:
-        RunnerConfig, Runner = runner_classes()
+        import_runner()
+        from ansible_runner.config.runner import RunnerConfig  # type: ignore[import-untyped]
+        from ansible_runner.runner import Runner  # type: ignore[import-untyped]
+
         reap(spec.marker)
         pdd = self._prepare(spec)
         events = _Events(spec)
