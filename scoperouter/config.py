@@ -119,6 +119,13 @@ def build_catalog(data: Any, source: str = "<config>", base_dir: Path | None = N
             gc.enable()
 
 
+def _count(value: Any, where: str, maximum: int) -> int:
+    """An integer from 0 to `maximum`, else ConfigError."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= maximum:
+        raise ConfigError(where, f"must be an integer from 0 to {maximum}, not {value!r}")
+    return value
+
+
 def _number(value: Any, where: str, *, integer: bool = False) -> float:
     """A positive, finite number (an integer if asked), else ConfigError."""
     ok = isinstance(value, int) if integer else isinstance(value, int | float)
@@ -197,16 +204,9 @@ class _Loader:
         if event_loop not in EVENT_LOOPS:
             choices = " or ".join(EVENT_LOOPS)
             raise ConfigError(f"{where}.event_loop", f"must be {choices}, not {event_loop!r}")
-        busy_poll_us = doc.get("busy_poll_us", defaults.busy_poll_us)
-        if (
-            not isinstance(busy_poll_us, int)
-            or isinstance(busy_poll_us, bool)
-            or not 0 <= busy_poll_us <= BUSY_POLL_MAX
-        ):
-            raise ConfigError(
-                f"{where}.busy_poll_us",
-                f"must be an integer from 0 to {BUSY_POLL_MAX}, not {busy_poll_us!r}",
-            )
+        busy_poll_us = _count(
+            doc.get("busy_poll_us", defaults.busy_poll_us), f"{where}.busy_poll_us", BUSY_POLL_MAX
+        )
         return Settings(
             hop_limit=hop_limit,
             busy_poll_us=busy_poll_us,
@@ -226,11 +226,7 @@ class _Loader:
         ca = doc.get("ca")
         if ca is not None:
             ca = self._file(ca, f"{where}.ca")
-        warm = doc.get("warm", defaults.warm)
-        if not isinstance(warm, int) or isinstance(warm, bool) or not 0 <= warm <= POOL_WARM_MAX:
-            raise ConfigError(
-                f"{where}.warm", f"must be an integer from 0 to {POOL_WARM_MAX}, not {warm!r}"
-            )
+        warm = _count(doc.get("warm", defaults.warm), f"{where}.warm", POOL_WARM_MAX)
         plain = doc.get("plain", defaults.plain)
         if not isinstance(plain, bool):
             raise ConfigError(f"{where}.plain", f"must be true or false, not {plain!r}")
