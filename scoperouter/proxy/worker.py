@@ -116,7 +116,6 @@ class Worker:
             ),
         )
         self.busy_poll: BusyPoll | None = None  # opened on the loop (_serve)
-        self.busy_window = 0.0
         config.subscribe(self._configure_busy_poll)
         self._stop = asyncio.Event()
         self._reloading: asyncio.Task[None] | None = None
@@ -125,11 +124,10 @@ class Worker:
     def _configure_busy_poll(self, catalog: Catalog) -> None:
         """``settings.busy_poll_us``: the window, and whether connections poke at all (0: no
         call per request)."""
-        self.busy_window = catalog.settings.busy_poll_us / 1e6
         poll = self.busy_poll
         if poll is not None:
-            poll.window = self.busy_window
-            self.reverse.state.on_io = poll.poke if self.busy_window > 0 else None
+            poll.window = catalog.settings.busy_poll_us / 1e6
+            self.reverse.state.on_io = poll.poke if poll.window > 0 else None
 
     def reload(self) -> None:
         """SIGHUP. The file is read and checked in a thread, so requests go on meanwhile (a

@@ -182,7 +182,7 @@ def test_a_worker_pokes_at_a_request_read_and_its_answer_written(tmp_path: Path)
             worker.busy_poll = BusyPoll.open(asyncio.get_running_loop(), str(path), cores=2)
             assert worker.busy_poll is not None
             worker._configure_busy_poll(worker.config.current())
-            assert worker.busy_window == Settings().busy_poll_us / 1e6
+            assert worker.busy_poll.window == Settings().busy_poll_us / 1e6
             pokes: list[float] = []
             poke = worker.busy_poll.poke
             worker.reverse.state.on_io = lambda: (pokes.append(time.monotonic()), poke())[1]
