@@ -8,6 +8,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,7 @@ def machine_context() -> dict[str, Any]:
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "os": platform.platform(),
         "python": platform.python_version(),
+        "interpreter": interpreter(),
         "mitmproxy": mitm_version,
         "scoperouter": __version__,
         "commit": commit,
@@ -87,6 +89,19 @@ def machine_context() -> dict[str, Any]:
         "busy_pct_before": busy,
         "busy_processes_before": sorted(others, key=lambda o: -o["cpu_pct"])[:5],
     }
+
+
+def interpreter() -> str:
+    """The interpreter the bench (and its routers: the same ``sys.executable``) runs on: its
+    version, real path (a virtualenv's ``python`` resolved) and compiler. Its build counts for
+    the router's CPU: on the second kind of machine (docs/benchmarks.md), pyenv's default build
+    (no ``--enable-optimizations``) costs the router more per request than Debian's python3
+    (PGO and LTO), the one the deployment role's venv uses."""
+    version, build = platform.python_version(), platform.python_build()
+    return (
+        f"Python {version} {os.path.realpath(sys.executable)} "
+        f"({platform.python_compiler()}, built {build[1]})"
+    )
 
 
 def prime_processes() -> list[psutil.Process]:

@@ -280,7 +280,8 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
         f"hard) {settings.get('open_files_limit')}",
         f"- HAProxy: {settings.get('haproxy')}",
         f"- router: {settings.get('router_command')}".replace("--cloud NAME", "--cloud CloudOne"),
-        f"- build measured: {build_line(results.get('build') or {})}",
+        f"- build measured: {build_line(results.get('build') or {})}; "
+        f"interpreter: {ctx.get('interpreter') or 'not recorded'}",
         f"- GET {SMALL_PATH}, keep-alive, scoped token (image: CloudOne) on every request; "
         f"{args.duration:g} s points after {args.warmup:g} s warm-up, {args.rounds} alternating "
         "round(s), medians",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import platform
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bench import build, haproxy, peers, peers_plot, report
+from bench import build, haproxy, machine, peers, peers_plot, report
 from bench import peers_verdict as pv
 from bench.machine import ROOT
 from bench.procs import Processes, free_port
@@ -228,8 +229,12 @@ def test_peers_report_is_markdown_with_targets() -> None:
     assert (args.duration, args.rounds, args.conns) == (2.0, 1, [1, 50, 1000])
     results["build"] = {"build": "pure", "compiled": [], "pure": list(build.HOT_MODULES)}
     text = pv.render(results, args)
+    assert "; interpreter: not recorded" in text  # a JSON of a run before it was recorded
+    results["context"] = {"interpreter": machine.interpreter()}
+    text = pv.render(results, args)
     lines = text.splitlines()
     assert "- build measured: pure (no compiled module" in text
+    assert f"; interpreter: Python {platform.python_version()} /" in text
     assert "### Targets (issues 21 and 31, ratios within this run)" in text
     assert (
         "| router CPU/request vs HAProxy's, 50 conns | <= 2x | 4.55x (100.0 vs 22.0 µs) |" in text
