@@ -62,7 +62,7 @@ logger = logging.getLogger("scoperouter")
 
 IDLE_MAX = 1024  # idle upstream connections kept per origin (each one was in use at a peak)
 IDLE_SECONDS = 15.0  # an idle upstream connection older than this is closed
-LENT_SOFT_MAX = 128  # a backend's connections lent or opening at once before requests wait
+LENT_SOFT_MAX = 64  # a backend's connections lent or opening at once before requests wait
 QUEUE_WAIT = 0.1  # seconds a request waits for a connection given back before opening its own
 WARM_RETRY_SECONDS = 5.0  # a failed connect ahead to a peer router is tried again after this,
 WARM_RETRY_MAX = 60.0  # doubling up to this while it keeps failing
