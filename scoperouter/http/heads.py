@@ -23,6 +23,9 @@ from scoperouter.http.wire import Fields
 
 # RFC 9110 5.5: a field value with NUL, CR or LF must be refused; other controls (except HTAB)
 # have no place in OpenStack's headers either. Lines are split on LF and lose their CR first.
+# The reverse server leaves the check to llhttp, which refuses exactly these bytes in a value
+# ("Invalid header value char", worded with CONTROL_MESSAGE; tests/unit/test_http.py tries
+# each); the forward proxy's guard checks mitmproxy's lines with CONTROL.
 CONTROL = re.compile(rb"[\x00-\x08\x0b-\x1f\x7f]")
 CONTROL_MESSAGE = "the request head contains a control character (NUL, CR or another; RFC 9110 5.5)"
 LINGER_SECONDS = 2.0  # after refusing, read and drop what the client still sends, then close

@@ -60,7 +60,6 @@ logger = logging.getLogger("scoperouter")
 
 PIPELINE_MAX = 8  # requests queued on one connection before reading from it pauses
 
-_CONTROL = heads.CONTROL
 _IDENTITY = heads.IDENTITY_NAMES.keys()
 _NO_OPTIONS: frozenset[bytes] = frozenset()  # no Connection field (one set, not one per request)
 
@@ -285,8 +284,6 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._head_bytes += len(name) + len(value) + 4
         if self._head_bytes + len(self._url) > limits.max_header_bytes:
             raise _Refused(431, heads.too_large(limits))
-        if _CONTROL.search(value) is not None:
-            raise _Refused(400, heads.CONTROL_MESSAGE)
         if self._count <= limits.max_headers:
             self._fields.append((name, value))
 
