@@ -8,7 +8,8 @@ In one run, on the same backend (nginx) and load generator (wrk), small keep-ali
   (``bench/floor_servers.py mitm``), 1 and 2 processes sharing the port (``SO_REUSEPORT``);
 * **router**: ``scoperouter serve`` (CloudOne's router, local backend), 1 and 2 workers;
 * **lean httptools**: an asyncio reverse proxy on httptools with a pooled upstream connection
-  (``bench/floor_servers.py lean``), 1 and 2 processes.
+  (``bench/floor_servers.py lean``), 1 and 2 processes, on the event loop the router's workers
+  run (uvloop when it is installed: the label names it).
 
 Every proxy runs under ``python -O``. Per point: req/s, its ratio to direct, p50 and what it adds
 to direct, the CPU each proxy spends per request (all its processes) and, when ``perf`` is
@@ -38,8 +39,10 @@ from bench.procs import (
     wait_listening,
 )
 from bench.run import SMALL_PATH, Bench, _get, say, scoped_headers
+from scoperouter.proxy import eventloop
 
 PROXY_HOST = "127.0.0.4"  # the floor proxies listen here (routers: .2/.3, backends: .1.x)
+LEAN_LOOP = eventloop.choose("uvloop")[0]  # the router workers' default loop, where installed
 
 
 @dataclass(frozen=True)
@@ -69,10 +72,12 @@ def start_floor_proxy(bench: Bench, kind: str, processes: int, upstream: str) ->
     for n in range(processes):
         argv = [sys.executable, "-O", "-m", "bench.floor_servers", kind]
         argv += ["--listen", f"{PROXY_HOST}:{port}", "--upstream", upstream]
+        if kind == "lean":
+            argv += ["--loop", LEAN_LOOP]
         proc = bench.procs.start(f"floor-{kind}-{processes}-{n}", argv, bench._sub_env())
         wait_listening(PROXY_HOST, port, proc, timeout=60)
         pids.append(proc.pid)
-    label = {"mitm": "mitmproxy (minimal)", "lean": "lean httptools"}[kind]
+    label = {"mitm": "mitmproxy (minimal)", "lean": f"lean httptools ({LEAN_LOOP})"}[kind]
     return Path(label, processes, PROXY_HOST, port, tuple(pids))
 
 
@@ -170,7 +175,7 @@ def report(rows: list[dict[str, Any]], rounds: int) -> str:
     }
     spread = rounds > 1
     head = (
-        f"{'path':22} {'procs':>5} {'conns':>5} {'req/s':>8} {'x direct':>8} {'p50 ms':>8} "
+        f"{'path':24} {'procs':>5} {'conns':>5} {'req/s':>8} {'x direct':>8} {'p50 ms':>8} "
         f"{'p50 added':>9} {'CPU us/req':>10} {'k instr/req':>11}"
     )
     if spread:
@@ -187,7 +192,7 @@ def report(rows: list[dict[str, Any]], rounds: int) -> str:
             counts = [r["instructions_per_req"] for r in group if r.get("instructions_per_req")]
             instr = statistics.median(counts) / 1000 if counts else None
             line = (
-                f"{path:22} {procs or '':>5} {conns:>5} {rps:>8,.0f} {rps / direct[conns]:>8.3f} "
+                f"{path:24} {procs or '':>5} {conns:>5} {rps:>8,.0f} {rps / direct[conns]:>8.3f} "
                 f"{p50:>8.3f} "
                 + (f"{p50 - direct_p50[conns]:>+9.3f}" if path != "direct" else f"{'':>9}")
                 + (f" {cpu:>10,.0f}" if cpu is not None else f" {'':>10}")

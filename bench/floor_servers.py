@@ -17,7 +17,9 @@ the same command twice gives two processes sharing the port (as ``scoperouter se
   keep-alive connection from a pool the process owns, the response parsed by llhttp and written
   back with its ``Content-Length``. HTTP/1.1, ``Content-Length`` or chunked bodies, no
   pipelining, no TLS, no streaming (bodies are buffered): a prototype to measure the floor of a
-  Python data path, not a product.
+  Python data path, not a product. It runs on the event loop the router's workers run
+  (``--loop``, by default the router's default: uvloop when it can be imported), so that the
+  floor and the router differ by what the router does, not by their loop.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from urllib.parse import urlsplit
 
 # the router's lean data path's list (the prototype it grew from drops the same fields)
 from scoperouter.http.wire import HOP_BY_HOP
+from scoperouter.proxy import eventloop
 
 REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 
@@ -240,6 +243,7 @@ async def run_lean(sock: socket.socket, upstream: str) -> None:
     pool = Pool(parts.hostname or "127.0.0.1", parts.port or 80)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: Client(pool), sock=sock)
+    print(f"lean httptools proxy on {eventloop.running()}", file=sys.stderr, flush=True)
     gc.freeze()
     stop = loop.create_future()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -253,6 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("kind", choices=["mitm", "lean"])
     parser.add_argument("--listen", required=True, metavar="HOST:PORT")
     parser.add_argument("--upstream", required=True, metavar="URL")
+    parser.add_argument(
+        "--loop",
+        choices=["uvloop", "asyncio"],
+        default=eventloop.choose("uvloop")[0],
+        help="lean: the event loop (default: the router workers' default, uvloop when installed)",
+    )
     args = parser.parse_args(argv)
     host, _, port = args.listen.rpartition(":")
     sock = reuse_port_socket(host, int(port))
@@ -260,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         "mitm": run_mitm,
         "lean": run_lean,
     }
-    asyncio.run(runners[args.kind](sock, args.upstream))
+    main = runners[args.kind](sock, args.upstream)
+    eventloop.run(main, args.loop if args.kind == "lean" else "asyncio")
     return 0
 
 

@@ -7,7 +7,11 @@ so every path ends at that backend):
 
 * **direct**: the backend itself;
 * **HAProxy + Lua**: Debian's haproxy, ``--haproxy-threads`` (1) threads, the scope script;
-* **scoperouter**: CloudOne's router, ``scoperouter serve --workers 2``, ``python -O``, WARNING.
+* **scoperouter**: CloudOne's router, ``scoperouter serve --workers 2``, ``python -O``, WARNING;
+* with ``--floor``, **lean floor**: ``bench.floor``'s lean httptools proxy (parse, forward over
+  a pooled connection, answer: no routing, no log, no limits) on the router workers' event
+  loop, in as many processes as the router has workers: the least a Python proxy on this
+  machine costs, measured in the same rounds (no target is judged on it).
 
 At 1, 10, 50, 200 and 1,000 connections, in alternating rounds (each round measures every path
 at a point, then the next point; medians across rounds): req/s, p50, p99, the CPU time the proxy
@@ -20,6 +24,7 @@ draws an earlier run from its ``--json``, without running anything.
     python -m bench.peers                     # ~6 minutes: 3 rounds of 5 s points
     python -m bench.peers --quick             # ~1 minute: 1 round of 2 s points
     python -m bench.peers --haproxy-threads 2 --json peers.json --svg peers.svg
+    python -m bench.peers --floor --connections 10,50,200
     python -m bench.peers --plot peers.json --svg peers.svg
 """
 
@@ -46,6 +51,7 @@ from bench.machine import machine_context
 from bench.options import parse_args as bench_args
 from bench.peers_verdict import (
     DIRECT,
+    FLOOR,
     HAPROXY,
     ROUTER,
     SETTLE_S,
@@ -89,6 +95,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="JSON",
         help="run nothing: draw the run a --json FILE holds into --svg (default: JSON's name "
         "with .svg)",
+    )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also measure bench.floor's lean httptools proxy (no routing) on the router's "
+        "loop, one process per router worker: what any Python proxy costs here",
     )
     parser.add_argument("--quiet-wait", type=float, default=10.0, metavar="S")
     parser.add_argument("--quiet-cores", type=float, default=0.2)
@@ -137,8 +149,9 @@ def rss(pid: int) -> dict[str, Any]:
 
 
 def start_paths(bench: Bench, args: argparse.Namespace) -> tuple[list[ProxyPath], str]:
-    """The backend, HAProxy + Lua and CloudOne's router; returns the three paths and HAProxy's
-    version. HAProxy's other cloud is CloudTwo's router (a scope naming CloudTwo goes there)."""
+    """The backend, HAProxy + Lua, CloudOne's router (and the lean floor with ``--floor``);
+    returns the paths and HAProxy's version. HAProxy's other cloud is CloudTwo's router (a
+    scope naming CloudTwo goes there)."""
     found = haproxy.ensure_haproxy(not args.no_apt, say)
     if found is None:
         raise BenchError("haproxy is not installed (apt-get install haproxy) and could not be")
@@ -169,6 +182,10 @@ def start_paths(bench: Bench, args: argparse.Namespace) -> tuple[list[ProxyPath]
             (bench.routers["CloudOne"].pid,),
         ),
     ]  # fmt: skip
+    if args.floor:
+        upstream = f"http://{one.backend_host}:{one.small_port}"
+        lean = floor.start_floor_proxy(bench, "lean", args.router_workers, upstream)
+        paths.insert(2, ProxyPath(FLOOR, lean.processes, lean.host, lean.port, lean.pids))
     return paths, found.version
 
 
@@ -177,7 +194,7 @@ def sanity_check(paths: list[ProxyPath]) -> None:
     CloudTwo (HAProxy's second backend entry, the router's remote route)."""
     for path in paths:
         floor.check(path, scoped_headers({"image": "CloudOne"}))
-        if path.label != DIRECT:
+        if path.label not in (DIRECT, FLOOR):  # the floor does not route
             headers = scoped_headers({"image": "CloudTwo"})
             status, body = _get(path.host, path.port, "GET", SMALL_PATH, headers)
             if status != 200 or not backend.check_small(body, "CloudTwo"):

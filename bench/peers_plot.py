@@ -13,10 +13,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-PATHS = ("direct", "HAProxy + Lua", "scoperouter")  # bench.peers' paths, in its order
+PATHS = ("direct", "HAProxy + Lua", "lean floor", "scoperouter")  # bench.peers' paths, in order
 STYLE = {  # path -> (colour, marker)
     "direct": ("#7f7f7f", "s"),
     "HAProxy + Lua": ("#1f77b4", "o"),
+    "lean floor": ("#2ca02c", "^"),
     "scoperouter": ("#d62728", "D"),
 }
 

@@ -14,7 +14,10 @@ from bench.run import SMALL_PATH
 from scoperouter.http.pool import IDLE_SECONDS
 
 DIRECT, HAPROXY, ROUTER = "direct", "HAProxy + Lua", "scoperouter"
-PATHS = (DIRECT, HAPROXY, ROUTER)
+# --floor: bench.floor's lean httptools proxy (no routing) on the router's loop, as many
+# processes as the router has workers: the least a Python proxy costs here (judged on nothing)
+FLOOR = "lean floor"
+PATHS = (DIRECT, HAPROXY, FLOOR, ROUTER)
 # The targets of issue 21 on the 2-core machine, as ratios within one run.
 TARGET_RPS_RATIO = 0.75  # the router's req/s >= 0.75x HAProxy + Lua's, at every concurrency
 TARGET_P99_RATIO = 1.5  # the router's p99 <= 1.5x HAProxy's at 1,000 connections

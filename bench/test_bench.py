@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.client
 import json
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -189,7 +190,8 @@ def test_teardown_stops_processes_and_children(procs: Processes) -> None:
 
 def test_lean_floor_proxy_forwards_over_a_pooled_connection(procs: Processes) -> None:
     """bench.floor's httptools prototype: the backend's answer, keep-alive on both sides, two
-    processes on one port, and a single upstream connection per process for many requests."""
+    processes on one port, and a single upstream connection per process for many requests; on
+    the router workers' default loop (uvloop, a requirement of the bench's install)."""
     host = "127.0.1.2"
     port = free_port(host)
     server = backend.start_asyncio(procs, [(host, port, "CloudOne")], "backend")
@@ -197,9 +199,13 @@ def test_lean_floor_proxy_forwards_over_a_pooled_connection(procs: Processes) ->
     env = backend._env_with_bench()
     argv = [sys.executable, "-m", "bench.floor_servers", "lean", "--listen"]
     argv += [f"127.0.0.4:{proxy_port}", "--upstream", f"http://{host}:{port}"]
-    for n in range(2):
-        proc = procs.start(f"lean-{n}", argv, env)
+    started = [procs.start(f"lean-{n}", argv, env) for n in range(2)]
+    for proc in started:  # each says so once it serves (the port alone: the first one's)
         wait_listening("127.0.0.4", proxy_port, proc)
+        deadline = time.monotonic() + 30
+        while "lean httptools proxy on uvloop" not in proc.log.read_text():
+            assert proc.alive() and time.monotonic() < deadline, proc.log_tail()
+            time.sleep(0.05)
     conn = http.client.HTTPConnection("127.0.0.4", proxy_port, timeout=10)
     for _ in range(20):
         conn.request("PUT", "/v2/images", body=b"x" * 1000, headers={"X-Scope": "{}"})

@@ -357,3 +357,29 @@ def test_peers_memory_growth_per_round_is_judged() -> None:
     assert pv.rounds_target([row(1, 1000, 150.0)]).ok is None  # one round: not computed
     assert pv.rounds_target([row(1, 1000, None), row(2, 1000, 151.0)]).ok is None
     assert pv.rounds_target([]).ok is None
+
+
+def test_the_lean_floor_is_shown_beside_the_others_and_judged_on_nothing() -> None:
+    """--floor: the lean proxy's rows are summarized (its ratios to HAProxy within each
+    round), shown in the table between HAProxy and the router, drawn, and no target reads
+    them: the verdicts are those of the same rows without the floor."""
+    rows = _peer_rows()
+    floor_rows = [
+        {**row, "path": pv.FLOOR, "rps": row["rps"] * 1.2, "cpu_us_per_req": 30.0}
+        for row in rows
+        if row["path"] == pv.HAPROXY
+    ]
+    summary = pv.summarize(rows + floor_rows)
+    lean = pv.find(summary, pv.FLOOR, 50)
+    assert lean is not None
+    assert lean["rps_x_haproxy"] == pytest.approx(1.2)
+    assert lean["cpu_x_haproxy"] == pytest.approx(30.0 / 22.0)
+    order = [s["path"] for s in summary if s["connections"] == 50]
+    assert order == [pv.HAPROXY, pv.FLOOR, pv.ROUTER]
+    assert [vars(t) for t in pv.targets(summary)] == [
+        vars(t) for t in pv.targets(pv.summarize(rows))
+    ]
+    table = pv.table(summary, rounds=2)
+    assert "| lean floor | 50 | 50,400 | 1.20 |" in table
+    assert pv.FLOOR in peers_plot.PATHS and pv.FLOOR in peers_plot.STYLE
+    assert peers.parse_args(["--floor"]).floor and not peers.parse_args([]).floor
