@@ -333,7 +333,11 @@ class Pool:
         warm = self.warm.get(origin)
         if warm is None or self._closed or time.monotonic() < warm.retry_at:
             return
-        idle = self.idle_count(origin)
+        # The idle connections as the pool holds them: one the peer closed leaves at the next
+        # take or tidy (the worker tidies every half second). Not idle_count(): refill runs at
+        # every request to a peer router, and a pass over every idle connection (up to
+        # IDLE_MAX) made a request's cost grow with the connections the last burst left open.
+        idle = len(self.idle.get(origin, ()))
         missing = warm.target - self.lent_count(origin) - warm.connecting - idle - warm.opening
         for _ in range(min(missing, IDLE_MAX - idle - warm.opening)):
             warm.opening += 1

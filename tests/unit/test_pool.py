@@ -297,3 +297,25 @@ def test_a_backend_at_its_soft_bound_lends_the_next_connection_given_back() -> N
                 writer.close()
 
     asyncio.run(scenario())
+
+
+def test_a_peers_refill_counts_the_idle_connections_held_without_a_pass_over_them() -> None:
+    """refill() runs at every request to a peer router: it counts the idle connections as the
+    pool holds them (one the peer closed leaves at the next take or tidy), not by a pass over
+    each, which made every request's cost grow with what the last burst left open (up to
+    IDLE_MAX)."""
+
+    async def scenario() -> None:
+        pool = _pool(warm=2)
+        warm = pool.warm[PEER]
+        conns = _idle(pool, PEER, 3)
+        conns[0].open = conns[1].open = False  # closed by the peer, not yet tidied
+        warm.target, warm.retry_at = 5, 0.0
+        pool.refill(PEER)
+        assert warm.opening == 2  # 5 wanted, 3 held
+        assert pool.tidy(time.monotonic()) == 2  # the two closed leave, and tidy refills
+        assert list(pool.idle[PEER]) == [conns[2]] and warm.opening == 4
+        assert pool.idle_count(PEER) == 1  # the status page's count: the open ones
+        pool.close()  # the connects ahead, cancelled before they ran
+
+    asyncio.run(scenario())
