@@ -455,6 +455,15 @@ class ClientConnection(asyncio.BufferedProtocol):
             if on_io is not None:
                 on_io()
 
+    def writelines(self, parts: list[bytes]) -> None:
+        """`parts` written in order, as one write where the loop can (uvloop: one writev),
+        without joining them: a large body is kept by reference while it waits, not copied."""
+        if self.transport is not None and not self.closed:
+            self.transport.writelines(parts)
+            on_io = self.state.on_io
+            if on_io is not None:
+                on_io()
+
     # -- the requests, in order
 
     def _wake(self) -> None:

@@ -317,7 +317,11 @@ class _Answering:
         fields += self._id(state)
         if not request.keep_alive:
             fields.append((b"Connection", b"close"))
-        conn.write(wire.render(status, status_title(status), fields, payload))
+        head = wire.render(status, status_title(status), fields)
+        if payload:  # a merged list may be tens of MB: written as it is, not joined to the head
+            conn.writelines([head, payload])
+        else:
+            conn.write(head)
         await conn.drain()
 
     async def refuse(self, state: RequestState, reject: Reject) -> None:
