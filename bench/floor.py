@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench import backend
+from bench.floor_servers import LEAN_LOOP
 from bench.machine import machine_context
 from bench.options import parse_args as bench_args
 from bench.procs import (
@@ -39,10 +40,8 @@ from bench.procs import (
     wait_listening,
 )
 from bench.run import SMALL_PATH, Bench, _get, say, scoped_headers
-from scoperouter.proxy import eventloop
 
 PROXY_HOST = "127.0.0.4"  # the floor proxies listen here (routers: .2/.3, backends: .1.x)
-LEAN_LOOP = eventloop.choose("uvloop")[0]  # the router workers' default loop, where installed
 
 
 @dataclass(frozen=True)

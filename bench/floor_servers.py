@@ -40,6 +40,8 @@ from urllib.parse import urlsplit
 from scoperouter.http.wire import HOP_BY_HOP
 from scoperouter.proxy import eventloop
 
+# the lean proxy's loop: the router workers' default (uvloop where it can be imported)
+LEAN_LOOP = eventloop.choose("uvloop")[0]
 REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 
 
@@ -260,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--loop",
         choices=["uvloop", "asyncio"],
-        default=eventloop.choose("uvloop")[0],
+        default=LEAN_LOOP,
         help="lean: the event loop (default: the router workers' default, uvloop when installed)",
     )
     args = parser.parse_args(argv)
@@ -270,8 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         "mitm": run_mitm,
         "lean": run_lean,
     }
-    main = runners[args.kind](sock, args.upstream)
-    eventloop.run(main, args.loop if args.kind == "lean" else "asyncio")
+    serve = runners[args.kind](sock, args.upstream)
+    eventloop.run(serve, args.loop if args.kind == "lean" else "asyncio")
     return 0
 
 

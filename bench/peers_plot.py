@@ -13,12 +13,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-PATHS = ("direct", "HAProxy + Lua", "lean floor", "scoperouter")  # bench.peers' paths, in order
-STYLE = {  # path -> (colour, marker)
-    "direct": ("#7f7f7f", "s"),
-    "HAProxy + Lua": ("#1f77b4", "o"),
-    "lean floor": ("#2ca02c", "^"),
-    "scoperouter": ("#d62728", "D"),
+from bench.peers_verdict import DIRECT, FLOOR, HAPROXY, PATHS, ROUTER
+
+STYLE = {  # path (bench.peers' PATHS) -> (colour, marker)
+    DIRECT: ("#7f7f7f", "s"),
+    HAPROXY: ("#1f77b4", "o"),
+    FLOOR: ("#2ca02c", "^"),
+    ROUTER: ("#d62728", "D"),
 }
 
 
