@@ -97,6 +97,13 @@ def measure(
     watched |= {str(pid): pid for pid in path.pids}
     result, cost = bench.load_point(url, conns, headers, watched, path.pids, threads)
     cpu = sum(cost.cpu[str(pid)] for pid in path.pids)
+    # What the path costs the rest of the bench: the backend's CPU (nginx and its worker) and
+    # the load generator's, per request. Same backend and wrk on every path: what differs is
+    # how often the proxy wakes them (a proxy always runnable on both cores gets preempted by
+    # them and hands them one request a wake-up instead of several).
+    small = bench.small.proc.pid if bench.small is not None else None
+    rest = cost.loadgen_cpu_cores * cost.wall
+    rest += cost.cpu.get(str(small), 0.0) if small is not None else 0.0
     return {
         "path": path.label,
         "processes": path.processes,
@@ -105,6 +112,7 @@ def measure(
         "p50_ms": result.p50_ms,
         "p99_ms": result.p99_ms,
         "cpu_us_per_req": cost.per_request(cpu * 1e6, result) if path.pids else None,
+        "rest_us_per_req": cost.per_request(rest * 1e6, result) if small is not None else None,
         "instructions_per_req": cost.per_request(cost.instructions, result),
         **cost.noise(),
         "errors": result.error_count,

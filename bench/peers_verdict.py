@@ -84,6 +84,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "p50_ms": _median([r["p50_ms"] for r in group]),
                     "p99_ms": _median([r["p99_ms"] for r in group]),
                     "cpu_us_per_req": _median([r["cpu_us_per_req"] for r in group]),
+                    "rest_us_per_req": _median([r.get("rest_us_per_req") for r in group]),
                     "instructions_per_req": _median([r["instructions_per_req"] for r in group]),
                     "rps_x_haproxy": _per_round_ratio(group, peers, "rps"),
                     "cpu_x_haproxy": _per_round_ratio(group, peers, "cpu_us_per_req"),
@@ -228,7 +229,7 @@ def _ratio_text(value: float | None, path: str) -> str:
 
 def table(summary: list[dict[str, Any]], rounds: int) -> str:
     headers = ["path", "conns", "req/s", "x HAProxy", "p50 ms", "p99 ms", "p99 x HAProxy"]
-    headers += ["CPU µs/req", "RSS MB", "errors", "others' cores"]
+    headers += ["CPU µs/req", "backend + load µs/req", "RSS MB", "errors", "others' cores"]
     if rounds > 1:
         headers.append("req/s min-max")
     lines = []
@@ -243,6 +244,7 @@ def table(summary: list[dict[str, Any]], rounds: int) -> str:
             f"{s['p99_ms']:.2f}",
             _ratio_text(s["p99_x_haproxy"], s["path"]),
             f"{cpu:,.1f}" if cpu is not None else "",
+            f"{rest:,.1f}" if (rest := s.get("rest_us_per_req")) is not None else "",
             _rss_text(s["rss_mb"]),
             str(s["errors"]),
             f"{s['other_cpu_cores']:.2f}",
@@ -250,7 +252,7 @@ def table(summary: list[dict[str, Any]], rounds: int) -> str:
         if rounds > 1:
             line.append(f"{s['rps_min']:,.0f}-{s['rps_max']:,.0f}")
         lines.append(line)
-    return report.markdown_table(headers, lines, align="lrrrrrrrrrr" + "r" * (rounds > 1))
+    return report.markdown_table(headers, lines, align="lrrrrrrrrrrr" + "r" * (rounds > 1))
 
 
 def memory_lines(results: dict[str, Any], most: int) -> list[str]:
@@ -293,7 +295,9 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
         "",
         "x HAProxy: the median of each round's ratio to HAProxy + Lua at the same point; CPU: "
         "the proxy's processes (the router's supervisor and workers, haproxy's threads) per "
-        "request; RSS: after the point (the router: all its processes, and each worker); "
+        "request; backend + load: the CPU per request of the backend (nginx) and the load "
+        "generator (wrk), the same on every path but for how often the proxy wakes them; "
+        "RSS: after the point (the router: all its processes, and each worker); "
         "others' cores: the most the machine's other processes used during a point (2 cores)",
     ]
     noise = _noise(results["rows"])

@@ -381,5 +381,25 @@ def test_the_lean_floor_is_shown_beside_the_others_and_judged_on_nothing() -> No
     ]
     table = pv.table(summary, rounds=2)
     assert "| lean floor | 50 | 50,400 | 1.20 |" in table
+    assert "| CPU µs/req | backend + load µs/req | RSS MB |" in table.splitlines()[0]
+
+
+def test_what_each_path_costs_the_backend_and_the_load_is_shown() -> None:
+    """The backend's and the load generator's CPU per request, per path: the median of the
+    rounds, beside the proxy's own; blank where a run did not record it (older JSON)."""
+    rows = _peer_rows()
+    for row in rows:
+        if row["connections"] == 50:
+            row["rest_us_per_req"] = {pv.HAPROXY: 20.0, pv.ROUTER: 30.0 + row["round"]}.get(
+                row["path"]
+            )
+    summary = pv.summarize(rows)
+    assert pv.find(summary, pv.ROUTER, 50)["rest_us_per_req"] == pytest.approx(31.5)
+    assert pv.find(summary, pv.ROUTER, 1)["rest_us_per_req"] is None
+    lines = pv.table(summary, rounds=2).splitlines()
+    router = next(line for line in lines if line.startswith("| scoperouter | 50 |"))
+    assert "| 100.0 | 31.5 |" in router
+    haproxy = next(line for line in lines if line.startswith("| HAProxy + Lua | 1 |"))
+    assert "| 40.0 |  |" in haproxy
     assert pv.FLOOR in peers_plot.PATHS and pv.FLOOR in peers_plot.STYLE
     assert peers.parse_args(["--floor"]).floor and not peers.parse_args([]).floor
