@@ -364,26 +364,44 @@ def _answered(status: int) -> Outcome:
 def _request_head(request: Request, plan: Plan) -> bytes:
     """The head sent upstream: the client's head fields (never its trailers), without the
     hop-by-hop ones, those its Connection names and those the plan sets, then the plan's."""
-    decision = plan.decision
-    edits = {**decision.set_headers, **plan.edits, REQUEST_ID_HEADER: plan.state.request_id}
-    drop = _dropped(tuple(edits))
+    request_id = plan.state.request_id
+    edits = plan.decision.set_headers
+    if REQUEST_ID_HEADER in edits or REQUEST_ID_HEADER in plan.edits:  # (routing sets none)
+        edits = {**edits, **plan.edits, REQUEST_ID_HEADER: request_id}
+    elif plan.edits:
+        edits = {**edits, **plan.edits}
+    drop = _dropped(tuple(edits))  # (the request id's name is among those never forwarded)
     if request.connection:
         drop = drop | request.connection
+    # Parts appended one by one and joined once: no bytes object per field (mypyc compiles
+    # an append to a list call; `lines += (a, b, c, d)` builds a tuple first).
     lines = [f"{request.method} {plan.target} HTTP/1.1\r\n".encode("latin-1")]
-    for name, value in request.fields:  # their parts joined once, at the end: no bytes per field
+    for name, value in request.fields:
         if name.lower() not in drop:
-            lines += (name, b": ", value, b"\r\n")
+            lines.append(name)
+            lines.append(b": ")
+            lines.append(value)
+            lines.append(b"\r\n")
     if "host" not in request.headers and "host" not in edits:
         lines.append(f"Host: {plan.host}:{plan.port}\r\n".encode("latin-1"))
-    # The plan's fields as one text, encoded once (not a name and a value per field: 12 %
-    # less time for the head of a scoped request, 1.58 against 1.80 us in a micro-benchmark)
-    text = "".join([f"{name}: {value}\r\n" for name, value in edits.items()])
-    lines.append(text.encode("utf-8", "surrogateescape"))
+    # The plan's fields, the request id and the framing as one text, encoded once.
+    text: list[str] = []
+    for edit, setting in edits.items():  # (compiled, a name has one type per function)
+        text.append(edit)
+        text.append(": ")
+        text.append(setting)
+        text.append("\r\n")
+    if REQUEST_ID_HEADER not in edits:
+        text.append(REQUEST_ID_HEADER)
+        text.append(": ")
+        text.append(request_id)
+        text.append("\r\n")
     if request.chunked:
-        lines.append(b"Transfer-Encoding: chunked\r\n")
+        text.append("Transfer-Encoding: chunked\r\n")
     elif request.length is not None:
-        lines.append(b"Content-Length: %d\r\n" % request.length)
-    lines.append(b"\r\n")
+        text.append(f"Content-Length: {request.length}\r\n")
+    text.append("\r\n")
+    lines.append("".join(text).encode("utf-8", "surrogateescape"))
     return b"".join(lines)
 
 

@@ -5,13 +5,30 @@ from __future__ import annotations
 
 def split_url(url: str) -> tuple[str, str, int, str]:
     """``http://h:1/p?q`` -> ``("http", "h", 1, "/p?q")``, for the URLs routing makes
-    (``scheme://host:port`` then the path, kept byte for byte; IPv6 hosts in brackets)."""
-    scheme, sep, rest = url.partition("://")
-    hostport, slash, path = rest.partition("/")
+    (``scheme://host:port`` then the path, kept byte for byte; IPv6 hosts in brackets). The
+    upstream's part is parsed once per upstream (memoised: a catalog names few)."""
+    cut = url.find("://")
+    slash = url.find("/", cut + 3) if cut >= 0 else -1
+    base = url[:slash] if slash >= 0 else url
+    found = _BASES.get(base)
+    if found is None:
+        found = _split_base(base, url)
+        if len(_BASES) >= 1024:
+            _BASES.clear()
+        _BASES[base] = found
+    return found[0], found[1], found[2], url[slash:] if slash >= 0 else "/"
+
+
+_BASES: dict[str, tuple[str, str, int]] = {}
+
+
+def _split_base(base: str, url: str) -> tuple[str, str, int]:
+    """``http://h:1`` -> ``("http", "h", 1)``; ValueError naming `url` when it is not one."""
+    scheme, sep, hostport = base.partition("://")
     host, colon, port = hostport.rpartition(":")
     if not sep or not colon or not host or not port.isdigit():
         raise ValueError(f"not a routed URL: {url!r}")
-    return scheme, host.strip("[]"), int(port), slash + path if slash else "/"
+    return scheme, host.strip("[]"), int(port)
 
 
 def base_url(url: str) -> str:

@@ -33,7 +33,8 @@ from scoperouter.router.listeners import Listener
 from scoperouter.router.metrics import Metrics
 from scoperouter.router.pipeline import Incoming, Outcome, Pipeline, Plan
 from scoperouter.router.region import regioned
-from scoperouter.router.state import RequestState, new_state
+from scoperouter.router.state import RequestState, new_state, request_id
+from scoperouter.router.targets import split_url
 from scoperouter.router.tokens import TokenSwap
 from scoperouter.routing import Failover, Forward
 
@@ -176,6 +177,42 @@ def test_request_ids_are_kept_when_valid_and_replaced_otherwise() -> None:
     assert new_state("GET", "/", {"x-scope-request-id": "req-abc-12"}).request_id == "req-abc-12"
     made = new_state("GET", "/", {"x-scope-request-id": "no spaces or\nnewlines"}).request_id
     assert made.startswith("req-") and "\n" not in made
+    # each new id is this process's prefix and the next count, and a peer keeps it as it is
+    first, second = request_id(None), request_id(None)
+    assert first.rsplit("-", 1)[0] == second.rsplit("-", 1)[0] == made.rsplit("-", 1)[0]
+    assert int(second.rsplit("-", 1)[1]) == int(first.rsplit("-", 1)[1]) + 1
+    assert request_id(second) == second
+
+
+@pytest.mark.parametrize(
+    ("url", "parts"),
+    [
+        ("http://127.0.0.3:9292/v2/images?q=1", ("http", "127.0.0.3", 9292, "/v2/images?q=1")),
+        ("https://[::1]:443", ("https", "::1", 443, "/")),
+        ("http://glance.example:9292/", ("http", "glance.example", 9292, "/")),
+        ("http://127.0.0.3:9292/a/b://c", ("http", "127.0.0.3", 9292, "/a/b://c")),
+    ],
+)
+def test_routed_urls_are_split(url: str, parts: tuple[str, str, int, str]) -> None:
+    assert split_url(url) == parts
+    assert split_url(url) == parts  # again, the upstream's part remembered
+
+
+def test_each_url_keeps_its_own_path_on_an_upstream_seen_before() -> None:
+    assert split_url("http://127.0.0.9:8774/v2.1/servers")[3] == "/v2.1/servers"
+    assert split_url("http://127.0.0.9:8774/v2.1/flavors?x=1") == (
+        "http", "127.0.0.9", 8774, "/v2.1/flavors?x=1"
+    )  # fmt: skip
+    assert split_url("http://127.0.0.9:8774") == ("http", "127.0.0.9", 8774, "/")
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["127.0.0.3:9292/v2", "http://127.0.0.3/v2", "http://:9292/v2", "http://h:x/", "http://h:1?q"],
+)
+def test_what_is_not_a_routed_url_is_refused(url: str) -> None:
+    with pytest.raises(ValueError, match="not a routed URL"):
+        split_url(url)
 
 
 def test_refusals_say_why(config: RouterConfig) -> None:
