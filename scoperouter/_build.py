@@ -59,6 +59,7 @@ COMPILED_MODULES = (
     "scoperouter.router.tokens",
     "scoperouter.semantics",
     "scoperouter.prepared",
+    "scoperouter.proxy.busypoll",  # poke(): at each request read and each answer written
     # the access line (accessline)
     "scoperouter.router.logs",
     # the catalog build (catalog)

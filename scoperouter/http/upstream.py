@@ -276,7 +276,10 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         (one TLS record on a peer link), not two."""
         self.sink = sink
         pending, self.pending, self.pending_size = self.pending, [], 0
-        data = head + b"".join(self._framed(body) for body in pending)
+        parts = [head]  # (a list, not a generator: compiled, 100 against 190 ns)
+        for body in pending:
+            parts.append(self._framed(body))
+        data = b"".join(parts)
         if data:
             sink.write(data)
         self.resume_reading()

@@ -220,7 +220,8 @@ class Pipeline:
         status, error = 0, None
         try:
             decision = self.reverse(request, state)
-            if isinstance(decision, FanOut | Failover):
+            # (a tuple: compiled, `FanOut | Failover` is a union object made at each call)
+            if isinstance(decision, (FanOut, Failover)):
                 state.decision = decision
                 body = await engine.read_body(MAX_BODY)
                 if isinstance(body, Reject):
