@@ -304,7 +304,8 @@ async def relay(
             raise ExchangeError("broken", conn.error, connected=True)
         if conn.framing == "chunked":
             client.write(wire.LAST_CHUNK)
-    await client.drain()
+    if client.must_drain():
+        await client.drain()
     return keep
 
 

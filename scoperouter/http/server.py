@@ -448,6 +448,11 @@ class ClientConnection(asyncio.BufferedProtocol):
         if self.closed:
             raise ClientGone()
 
+    def must_drain(self) -> bool:
+        """Whether :meth:`drain` would wait or raise (asked first: no coroutine made else)."""
+        flow = self.flow
+        return self.closed or (flow is not None and flow.write_paused_since is not None)
+
     def write(self, data: bytes) -> None:
         if self.transport is not None and not self.closed:
             self.transport.write(data)
