@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Literal, overload
+from typing import Final, Literal, overload
 
 from scoperouter.catalog import Catalog, Endpoint, Match
 from scoperouter.errors import Reject
@@ -53,15 +53,15 @@ from scoperouter.scope import (
     split_token,
 )
 
-AUTH_TOKEN = "x-auth-token"
-SERVICE_TOKEN = "x-service-token"
-SUBJECT_TOKEN = "x-subject-token"
-SCOPE_HEADER = "x-scope"
-HOPS_HEADER = "x-scope-hops"
-FRONTEND_HEADER = "x-scope-frontend"
+AUTH_TOKEN: Final = "x-auth-token"
+SERVICE_TOKEN: Final = "x-service-token"
+SUBJECT_TOKEN: Final = "x-subject-token"
+SCOPE_HEADER: Final = "x-scope"
+HOPS_HEADER: Final = "x-scope-hops"
+FRONTEND_HEADER: Final = "x-scope-frontend"
 """On a hop over a peer link: the frontend of the peer router the request is for (the link is
 one address for every service, so the receiving router needs to be told which)."""
-IDENTITY = "identity"
+IDENTITY: Final = "identity"
 
 Mode = Literal["reverse", "forward"]
 """reverse: a client called one of this router's frontends; forward: a service of this cloud
@@ -379,8 +379,8 @@ def _combined(
 
 
 # X-Scope-Hops values, made once (a hop count is small: hop_limit is 8 by default).
-_HOP_TEXT_MAX = 64
-_HOP_TEXT = tuple(str(n) for n in range(_HOP_TEXT_MAX + 1))
+_HOP_TEXT_MAX: Final = 64
+_HOP_TEXT: Final = tuple(str(n) for n in range(_HOP_TEXT_MAX + 1))
 
 
 def _to_backend(
@@ -495,7 +495,7 @@ def _identity_edits(
 
 
 _NO_SWAPS: frozenset[str] = frozenset()
-_SWAP_SERVICE = frozenset({SERVICE_TOKEN})
+_SWAP_SERVICE: Final = frozenset({SERVICE_TOKEN})
 
 
 CONNECT_REFUSED = (

@@ -34,15 +34,15 @@ from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, Va
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
-SCOPE_SEPARATOR = "!SCOPE!"
-MAX_SCOPE_LENGTH = 8192
-MAX_SCOPE_ENTRIES = 100  # service types in one scope; OpenStack's registry lists about 50
-MAX_EXPRESSION_LENGTH = 1024
-MAX_DEPTH = 16
+SCOPE_SEPARATOR: Final = "!SCOPE!"
+MAX_SCOPE_LENGTH: Final = 8192
+MAX_SCOPE_ENTRIES: Final = 100  # service types in one scope; OpenStack's registry lists about 50
+MAX_EXPRESSION_LENGTH: Final = 1024
+MAX_DEPTH: Final = 16
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
-_PLAIN_NAME = re.compile(r"[ \t]*([A-Za-z0-9][A-Za-z0-9_.:-]*)[ \t]*\Z")
-_SERVICE_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\Z")
+_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
+_PLAIN_NAME: Final = re.compile(r"[ \t]*([A-Za-z0-9][A-Za-z0-9_.:-]*)[ \t]*\Z")
+_SERVICE_TYPE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\Z")
 
 
 BLOCK_STORAGE_TYPES = ("block-storage", "volumev3", "volumev2", "volume", "block-store")

@@ -12,9 +12,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Final
 
-IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
-HOP_BY_HOP = frozenset(
+IDEMPOTENT: Final = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
+HOP_BY_HOP: Final = frozenset(
     {
         "connection",
         "keep-alive",

@@ -25,7 +25,7 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 from scoperouter.errors import ClientGone
 from scoperouter.http import heads, wire
@@ -38,7 +38,7 @@ from scoperouter.semantics import IDEMPOTENT
 
 Kind = Literal["connect_timeout", "unreachable", "timeout", "broken"]
 # Connection's own options, and names already dropped as hop-by-hop: nothing more to drop.
-_OPTIONS = wire.HOP_BY_HOP | {b"close"}
+_OPTIONS: Final = wire.HOP_BY_HOP | {b"close"}
 
 
 class ExchangeError(Exception):

@@ -54,18 +54,21 @@ import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from scoperouter.http.upstream import Origin, UpstreamConnection
 
 logger = logging.getLogger("scoperouter")
 
-IDLE_MAX = 1024  # idle upstream connections kept per origin (each one was in use at a peak)
-IDLE_SECONDS = 15.0  # an idle upstream connection older than this is closed
-LENT_SOFT_MAX = 64  # a backend's connections lent or opening at once before requests wait
-QUEUE_WAIT = 0.1  # seconds a request waits for a connection given back before opening its own
-WARM_RETRY_SECONDS = 5.0  # a failed connect ahead to a peer router is tried again after this,
-WARM_RETRY_MAX = 60.0  # doubling up to this while it keeps failing
+IDLE_MAX: Final = 1024  # idle upstream connections kept per origin (each one was in use at a peak)
+IDLE_SECONDS: Final = 15.0  # an idle upstream connection older than this is closed
+LENT_SOFT_MAX: Final = 64  # a backend's connections lent or opening at once before requests wait
+# seconds a request waits for a connection given back before opening its own
+QUEUE_WAIT: Final = 0.1
+# a failed connect ahead to a peer router is tried again after this, doubling up to the max
+# while it keeps failing
+WARM_RETRY_SECONDS: Final = 5.0
+WARM_RETRY_MAX: Final = 60.0
 
 
 class _Waiter(NamedTuple):
@@ -110,7 +113,7 @@ class WarmSpec:
 
 
 # (CA file, verify) -> (the file's identity when read, its context): see client_context
-_CONTEXTS: dict[tuple[str | None, bool], tuple[tuple[int, ...] | None, ssl.SSLContext]] = {}
+_CONTEXTS: Final[dict[tuple[str | None, bool], tuple[tuple[int, ...] | None, ssl.SSLContext]]] = {}
 
 
 def client_context(cafile: str | None, verify: bool) -> ssl.SSLContext:

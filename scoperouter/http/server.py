@@ -44,7 +44,7 @@ import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Final, Protocol
 
 import httptools
 
@@ -58,10 +58,10 @@ from scoperouter.semantics import header_map
 
 logger = logging.getLogger("scoperouter")
 
-PIPELINE_MAX = 8  # requests queued on one connection before reading from it pauses
+PIPELINE_MAX: Final = 8  # requests queued on one connection before reading from it pauses
 
-_IDENTITY = heads.IDENTITY_NAMES.keys()
-_NO_OPTIONS: frozenset[bytes] = frozenset()  # no Connection field (one set, not one per request)
+_IDENTITY: Final = heads.IDENTITY_NAMES.keys()
+_NO_OPTIONS: Final[frozenset[bytes]] = frozenset()  # no Connection field (one set for all)
 
 
 class _Refused(Exception):
@@ -569,13 +569,13 @@ class ClientConnection(asyncio.BufferedProtocol):
             self.close()
 
 
-_LLHTTP_MESSAGES = {
+_LLHTTP_MESSAGES: Final = {
     "Invalid header value char": heads.CONTROL_MESSAGE,
     "Invalid header token": "malformed request: invalid header name (RFC 9110 5.1: a token)",
 }
 
 
-_HOSTS: dict[str, bool] = {}
+_HOSTS: Final[dict[str, bool]] = {}
 
 
 def _valid_host(host: str) -> bool:

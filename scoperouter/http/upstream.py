@@ -17,20 +17,22 @@ import asyncio
 import collections
 import time
 from collections.abc import Callable
-from typing import Literal, NamedTuple, Protocol
+from typing import Final, Literal, NamedTuple, Protocol
 
 import httptools
 
 from scoperouter.http.flow import READ_BUFFER, FlowControl, stream_transport
 from scoperouter.http.wire import Fields, chunk
 
-HIGH_WATER = 256 * 1024  # answer bytes kept before reading from the upstream pauses
-WHOLE_MAX = 32 * 1024 * 1024  # an answer read whole (catalog region, A & B / A | B) at most
-HEAD_MAX = 256 * 1024  # an answer's head, or its chunk headers and trailers, at most
-TOO_LARGE = f"its answer is larger than {WHOLE_MAX // (1024 * 1024)} MiB"
-OVER_BUDGET = "the router's buffer for combined requests is full"  # a `reserve` said no
-HEAD_TOO_LARGE = f"invalid answer: its head or trailers are larger than {HEAD_MAX // 1024} KiB"
-RESPONSE_TIMEOUT = "response timeout"
+HIGH_WATER: Final = 256 * 1024  # answer bytes kept before reading from the upstream pauses
+WHOLE_MAX: Final = 32 * 1024 * 1024  # an answer read whole (catalog region, A & B / A | B) at most
+HEAD_MAX: Final = 256 * 1024  # an answer's head, or its chunk headers and trailers, at most
+TOO_LARGE: Final = f"its answer is larger than {WHOLE_MAX // (1024 * 1024)} MiB"
+OVER_BUDGET: Final = "the router's buffer for combined requests is full"  # a `reserve` said no
+HEAD_TOO_LARGE: Final = (
+    f"invalid answer: its head or trailers are larger than {HEAD_MAX // 1024} KiB"
+)
+RESPONSE_TIMEOUT: Final = "response timeout"
 
 Framing = Literal["length", "chunked", "raw"]
 Head = tuple[int, bytes, Fields]

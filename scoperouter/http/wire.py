@@ -6,6 +6,7 @@ One copy of each, for the server side and the client side alike. No I/O.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Final
 
 from scoperouter import semantics
 from scoperouter.errors import error_body, status_title
@@ -13,11 +14,11 @@ from scoperouter.errors import error_body, status_title
 Fields = list[tuple[bytes, bytes]]
 """Header fields as received: (name, value) bytes, in order, names as sent."""
 
-HOP_BY_HOP = frozenset(name.encode() for name in semantics.HOP_BY_HOP)
-CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+HOP_BY_HOP: Final = frozenset(name.encode() for name in semantics.HOP_BY_HOP)
+CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 # Methods OpenStack's APIs use (swift's COPY included): the Allow field of a 405.
-ALLOW_FIELD = (b"Allow", b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, COPY")
-LAST_CHUNK = b"0\r\n\r\n"
+ALLOW_FIELD: Final = (b"Allow", b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, COPY")
+LAST_CHUNK: Final = b"0\r\n\r\n"
 
 
 def render(

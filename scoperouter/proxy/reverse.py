@@ -19,6 +19,7 @@ import logging
 import socket
 import ssl
 from collections.abc import Awaitable, Iterable, Mapping
+from typing import Final
 
 from scoperouter.catalog import Catalog, Frontend
 from scoperouter.errors import Reject, status_title
@@ -41,13 +42,13 @@ from scoperouter.routing import FRONTEND_HEADER
 
 logger = logging.getLogger("scoperouter")
 
-_REQUEST_ID = REQUEST_ID_HEADER.encode()
-_REQUEST_ID_FIELD = b"X-Scope-Request-Id"
-_NOT_FORWARDED = wire.HOP_BY_HOP | {_REQUEST_ID, FRONTEND_HEADER.encode()}
+_REQUEST_ID: Final = REQUEST_ID_HEADER.encode()
+_REQUEST_ID_FIELD: Final = b"X-Scope-Request-Id"
+_NOT_FORWARDED: Final = wire.HOP_BY_HOP | {_REQUEST_ID, FRONTEND_HEADER.encode()}
 # An answer's fields not passed on: the request id is this router's (a peer router's answer
 # carries the same id, which would make it a repeated field)
-_NOT_RETURNED = wire.HOP_BY_HOP | {_REQUEST_ID}
-_TIMED_OUT: dict[str, TimedOut] = {"connect_timeout": "connect", "timeout": "response"}
+_NOT_RETURNED: Final = wire.HOP_BY_HOP | {_REQUEST_ID}
+_TIMED_OUT: Final[dict[str, TimedOut]] = {"connect_timeout": "connect", "timeout": "response"}
 
 
 class ReverseServer:
@@ -336,7 +337,7 @@ class _Answering:
         return [(_REQUEST_ID_FIELD, state.request_id.encode())]
 
 
-_ORIGINS: dict[tuple[str, str, int], Origin] = {}
+_ORIGINS: Final[dict[tuple[str, str, int], Origin]] = {}
 
 
 def _origin(scheme: str, host: str, port: int) -> Origin:
@@ -350,7 +351,7 @@ def _origin(scheme: str, host: str, port: int) -> Origin:
     return found
 
 
-_ANSWERED: dict[int, Outcome] = {}
+_ANSWERED: Final[dict[int, Outcome]] = {}
 
 
 def _answered(status: int) -> Outcome:
@@ -405,7 +406,7 @@ def _request_head(request: Request, plan: Plan) -> bytes:
     return b"".join(lines)
 
 
-_DROPPED: dict[tuple[str, ...], frozenset[bytes]] = {}
+_DROPPED: Final[dict[tuple[str, ...], frozenset[bytes]]] = {}
 
 
 def _dropped(names: tuple[str, ...]) -> frozenset[bytes]:

@@ -19,7 +19,7 @@ import logging
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -32,8 +32,8 @@ from scoperouter.router.state import HeadRefusal, RequestState
 from scoperouter.router.upstreams import config_upstreams
 from scoperouter.routing import Failover, FanOut, Forward
 
-BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120)
-_BOUNDS = (*(float(b) for b in BUCKETS), float("inf"))  # the histogram's, +Inf last
+BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120)
+_BOUNDS: Final = (*(float(b) for b in BUCKETS), float("inf"))  # the histogram's, +Inf last
 
 logger = logging.getLogger("scoperouter")
 
@@ -109,7 +109,7 @@ INTERCEPTION_CACHE = Gauge(
     multiprocess_mode="livesum",
 )
 
-SLOW_EVERY = 10  # flushes (worker ticks: 1 s) between two readings of the connection counts
+SLOW_EVERY: Final = 10  # flushes (worker ticks: 1 s) between two readings of the connection counts
 
 ConnectionCounts = Callable[[], Mapping[str, tuple[int, int]]]
 """Upstream (scheme://host:port) -> (open, idle) connections of this worker now."""

@@ -18,9 +18,9 @@ from typing import Final, Literal, Protocol
 from scoperouter.errors import Reject
 from scoperouter.routing import Combined, Forward
 
-REQUEST_ID_HEADER = "x-scope-request-id"
+REQUEST_ID_HEADER: Final = "x-scope-request-id"
 
-_REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}\Z")
+_REQUEST_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}\Z")
 _PREFIX: Final = f"req-{secrets.token_hex(4)}{os.getpid() & 0xFFFF:04x}-"
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 
 def split_url(url: str) -> tuple[str, str, int, str]:
     """``http://h:1/p?q`` -> ``("http", "h", 1, "/p?q")``, for the URLs routing makes
@@ -19,7 +21,7 @@ def split_url(url: str) -> tuple[str, str, int, str]:
     return found[0], found[1], found[2], url[slash:] if slash >= 0 else "/"
 
 
-_BASES: dict[str, tuple[str, str, int]] = {}
+_BASES: Final[dict[str, tuple[str, str, int]]] = {}
 
 
 def _split_base(base: str, url: str) -> tuple[str, str, int]:
