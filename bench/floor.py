@@ -24,6 +24,7 @@ point is measured N times, round after round, and the table shows medians and th
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import subprocess
 import sys
@@ -101,9 +102,11 @@ def measure(
     # the load generator's, per request. Same backend and wrk on every path: what differs is
     # how often the proxy wakes them (a proxy always runnable on both cores gets preempted by
     # them and hands them one request a wake-up instead of several).
-    small = bench.small.proc.pid if bench.small is not None else None
-    rest = cost.loadgen_cpu_cores * cost.wall
-    rest += cost.cpu.get(str(small), 0.0) if small is not None else 0.0
+    # Blank, not smaller, when the backend's CPU was not sampled (NaN: psutil lost it).
+    backend_cpu = cost.cpu.get(str(bench.small.proc.pid)) if bench.small is not None else None
+    rest = None
+    if backend_cpu is not None and not math.isnan(backend_cpu):
+        rest = cost.per_request((backend_cpu + cost.loadgen_cpu_cores * cost.wall) * 1e6, result)
     return {
         "path": path.label,
         "processes": path.processes,
@@ -112,7 +115,7 @@ def measure(
         "p50_ms": result.p50_ms,
         "p99_ms": result.p99_ms,
         "cpu_us_per_req": cost.per_request(cpu * 1e6, result) if path.pids else None,
-        "rest_us_per_req": cost.per_request(rest * 1e6, result) if small is not None else None,
+        "rest_us_per_req": rest,
         "instructions_per_req": cost.per_request(cost.instructions, result),
         **cost.noise(),
         "errors": result.error_count,

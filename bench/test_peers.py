@@ -12,14 +12,16 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from bench import build, haproxy, machine, peers, peers_plot, report
+from bench import build, floor, haproxy, machine, peers, peers_plot, report
 from bench import peers_verdict as pv
 from bench.machine import ROOT
 from bench.procs import Processes, free_port
+from bench.run import PointCost
 
 
 def test_haproxy_config_has_the_scope_script_and_a_backend_per_cloud(tmp_path: Path) -> None:
@@ -403,3 +405,32 @@ def test_what_each_path_costs_the_backend_and_the_load_is_shown() -> None:
     assert "| 40.0 |  |" in haproxy
     assert pv.FLOOR in peers_plot.PATHS and pv.FLOOR in peers_plot.STYLE
     assert peers.parse_args(["--floor"]).floor and not peers.parse_args([]).floor
+
+
+def test_the_backend_and_load_cost_is_blank_when_the_backend_was_not_sampled() -> None:
+    """floor.measure's backend + load figure: nginx's CPU (with its worker) and wrk's over the
+    requests; None, not a smaller figure, when the backend's CPU is missing or NaN."""
+
+    def measured(backend_cpu: float | None) -> dict[str, Any]:
+        cpu = {"11": 1.0}  # the proxy's; the backend's (pid 22) as given
+        if backend_cpu is not None:
+            cpu["22"] = backend_cpu
+        result = SimpleNamespace(rps=10_000.0, requests=50_000, p50_ms=1.0, p99_ms=2.0,
+                                 error_count=0)  # fmt: skip
+        cost = PointCost(
+            wall=5.0, cpu=cpu, instructions=None, loadgen_cpu_cores=0.1,
+            machine_busy_cores=2.0, softirq_cores=0.4, other_cpu_cores=0.0,
+            other_cpu_cores_before=None, other_busy_processes=[],
+        )  # fmt: skip
+        bench = SimpleNamespace(
+            args=SimpleNamespace(duration=5.0),
+            procs=SimpleNamespace(procs=[SimpleNamespace(pid=22)]),
+            small=SimpleNamespace(proc=SimpleNamespace(pid=22)),
+            load_point=lambda *args: (result, cost),
+        )
+        path = floor.Path("lean floor", 1, "127.0.0.1", 1, (11,))
+        return floor.measure(bench, path, 10, {})  # type: ignore[arg-type]
+
+    assert measured(0.5)["rest_us_per_req"] == pytest.approx((0.5 + 0.1 * 5.0) * 1e6 / 50_000)
+    assert measured(float("nan"))["rest_us_per_req"] is None
+    assert measured(None)["rest_us_per_req"] is None
