@@ -83,7 +83,7 @@ class AccessLog:
                 f',"decision":"{"remote" if decision.remote else "local"}"'
                 f',"target":{q(decision.url.partition("?")[0])}'
             )
-        elif isinstance(decision, FanOut | Failover):
+        elif isinstance(decision, (FanOut, Failover)):
             line += (
                 f',"service":{q(decision.service_type)},"cloud":{q(decision.expression)}'
                 f',"decision":"{"fanout" if isinstance(decision, FanOut) else "failover"}"'
@@ -114,7 +114,7 @@ class AccessLog:
             fields["cloud"] = decision.cloud
             fields["decision"] = "remote" if decision.remote else "local"
             fields["target"] = decision.url.partition("?")[0]
-        elif isinstance(decision, FanOut | Failover):
+        elif isinstance(decision, (FanOut, Failover)):
             fields["service"] = decision.service_type
             fields["cloud"] = decision.expression
             fields["decision"] = "fanout" if isinstance(decision, FanOut) else "failover"

@@ -218,7 +218,7 @@ class _Runner:
         headers = {k: v for k, v in self.request.headers.items() if k not in _DROPPED}
         headers.update(forward.set_headers)
         request = Request(self.request.method, headers, self.request.body)
-        seconds = self.timeout if isinstance(self.timeout, float | int) else self.timeout(forward)
+        seconds = self.timeout if isinstance(self.timeout, (float, int)) else self.timeout(forward)
         try:
             # (wait_for would make a task per part; timeout_at spares asking for the loop)
             async with asyncio.timeout_at(self.loop.time() + seconds):
