@@ -250,6 +250,7 @@ def test_building_a_catalog_lets_other_threads_run(monkeypatch: pytest.MonkeyPat
     that code would keep the GIL from start to end (no bytecode to switch at), so it hands
     the GIL over every 128 clouds (time.sleep(0)) while it validates, checks the backends and
     indexes."""
+    import threading
     import time
 
     from scoperouter.config import build_catalog
@@ -267,7 +268,18 @@ def test_building_a_catalog_lets_other_threads_run(monkeypatch: pytest.MonkeyPat
         for i in range(320)
     }  # fmt: skip
     slept: list[float] = []
-    monkeypatch.setattr(time, "sleep", slept.append)
+    real_sleep, this_thread = time.sleep, threading.get_ident()
+
+    def sleep(seconds: float) -> None:
+        # this thread's sleeps are counted; any other thread of this pytest worker still sleeps
+        # (a log handler's flusher left by an earlier test loops on time.sleep: given a bare
+        # list.append, its compiled loop held the GIL and grew the list until the OOM killer)
+        if threading.get_ident() == this_thread:
+            slept.append(seconds)
+        else:
+            real_sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", sleep)
     build_catalog({"clouds": clouds})
     # validation, the backends' check, the index: at clouds 0, 128 and 256 each (and 1 more
     # for the index's 1,280 addresses)
