@@ -129,3 +129,31 @@ def test_what_may_select_the_lab() -> None:
     assert selects_the_lab("e2e and not tls_lab") and selects_the_lab("integration or e2e")
     assert not selects_the_lab("not e2e and not deploy") and not selects_the_lab("")
     assert not selects_the_lab("integration") and not selects_the_lab("not deploy")
+
+
+CRASHING_TESTS = """
+import os
+import signal
+
+import pytest
+
+
+@pytest.mark.parametrize("n", range(6))
+def test_one(n):
+    if n == 3:
+        os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer ends a worker
+"""
+
+
+def test_a_worker_that_dies_fails_the_run_and_names_its_test(tmp_path: Path) -> None:
+    """With the addopts' xdist options a SIGKILLed worker ends the run, failed, naming the test
+    it ran: replaced (xdist's default), it left loadgroup's scheduler waiting forever."""
+    (tmp_path / "test_crash.py").write_text(CRASHING_TESTS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    options = [o for o in addopts() if o not in ("-m", "not e2e and not deploy")]
+    argv = [sys.executable, "-m", "pytest", str(tmp_path / "test_crash.py"), "-p",
+            "no:cacheprovider", "-q", "-o", "addopts=", "--rootdir", str(tmp_path),
+            *options]  # fmt: skip
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "crashed while running 'test_crash.py::test_one[3]'" in done.stdout, done.stdout[-3000:]
