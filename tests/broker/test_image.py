@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import hashlib
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
+import requests
+from openstack import exceptions
 
-from scoperouter.broker.contract import InvalidParameters
+from scoperouter.broker.contract import Failed, InvalidParameters
 from scoperouter.broker.services.image import (
     CopyStream,
     ImageService,
+    _after_upload,
     _compare,
     _facts,
     _own_properties,
@@ -98,3 +102,26 @@ def test_catalog_and_parameters():
         svc.validate("provision", plan, {"image": "x", "cloud": "CloudOne",
                                          "source_cloud": "CloudOne"})  # fmt: skip
     assert caught.value.field == "parameters.source_cloud"
+
+
+def _answer(status: int, body: bytes = b"") -> Any:
+    response = requests.Response()
+    response.status_code = status
+    response._content = body
+    response.headers["Content-Type"] = "application/json"
+    response.url = "http://127.0.0.2:9292/v2/images/c0ffee/file"
+    return response
+
+
+def test_what_glances_answer_to_the_upload_means():
+    """openstacksdk's Image.upload returns glance's answer unchecked: a 409 (the copy still
+    "saving" a dead pass's upload) once ended the pass as a checksum mismatch of the bytes read
+    (found in CI: tests/e2e/test_broker_image.py's killed copy)."""
+    assert _after_upload(_answer(204), "CloudOne") is True
+    assert _after_upload(_answer(409, b'{"message": "saving to saving"}'), "CloudOne") is False
+    quota = _after_upload(_answer(413, b'{"message": "over quota"}'), "CloudOne")
+    assert isinstance(quota, Failed)
+    assert quota.description.startswith("uploading the copy into CloudOne failed: 413")
+    for retried in (500, 503, 429):
+        with pytest.raises(exceptions.HttpException):
+            _after_upload(_answer(retried, b'{"message": "try again"}'), "CloudOne")

@@ -29,6 +29,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from openstack import exceptions
 from openstack.image.v2.image import Image
 
 from scoperouter.broker import credentials
@@ -55,12 +56,14 @@ from scoperouter.broker.openstack_helpers import (
     find_image,
     glance,
     instance_tag,
+    refusal,
     short,
     space_project,
 )
 
 if TYPE_CHECKING:
     from openstack.connection import Connection
+    from requests import Response
 
 METADATA_KEY = "osb_instance_id"
 CHUNK_BYTES = 1024 * 1024
@@ -285,9 +288,16 @@ class ImageService(Service):
                 "copying image %s of %s into %s (%s bytes)",
                 source["id"], source["cloud"], target, source["size"],
             )  # fmt: skip
-            Image(id=copy_id).upload(conn.image, data=stream, size=len(stream))
+            response = Image(id=copy_id).upload(conn.image, data=stream, size=len(stream))
         finally:
             download.close()
+        stored = _after_upload(response, target)
+        if isinstance(stored, Failed):
+            return stored
+        if not stored:
+            op.log.info("copy %s in %s: an earlier pass's upload is still being saved", copy_id,
+                        target)  # fmt: skip
+            return None  # the caller reads the copy's status: Pending, then a pass restarts it
         computed = {"checksum": stream.md5.hexdigest()}
         if stream.multihash is not None:
             computed["hash_value"] = stream.multihash.hexdigest()
@@ -353,6 +363,30 @@ class ImageService(Service):
         """Images carrying `tag` in every project the broker's account sees (glance lists
         every project's images to an admin)."""
         yield from glance(conn).images(tag=tag)
+
+
+def _after_upload(response: Response, target: str) -> bool | Failed:
+    """What glance's answer to an upload means. openstacksdk's ``Image.upload`` returns it
+    unchecked (its proxies send with ``raise_exc=False``): True, the bytes were stored (2xx);
+    False, a 409 (the copy is still "saving" the upload of a pass that died in it: nothing of
+    this one was stored, the next pass starts the copy again); a :class:`Failed` for a refusal
+    no pass changes (another 4xx: quota, size); openstacksdk's ``HttpException`` raised for the
+    rest (5xx: the worker retries the pass)."""
+    if response.status_code < 300:
+        return True
+    if response.status_code == 409:
+        return False
+    try:
+        exceptions.raise_from_response(response)
+    except exceptions.HttpException as exc:
+        refused = refusal(exc)
+        if refused is None:
+            raise
+        return Failed(f"uploading the copy into {target} failed: {refused}")
+    # a 3xx (raise_from_response raises from 400 on): glance never redirects an upload
+    raise exceptions.HttpException(
+        f"the upload into {target} was answered {response.status_code}", response=response
+    )
 
 
 def _source_conn(clouds: Clouds, target: str, source_cloud: str) -> Connection:
