@@ -494,7 +494,7 @@ def _identity_edits(
     return swaps, catalog.clouds[local_cloud].region
 
 
-_NO_SWAPS: frozenset[str] = frozenset()
+_NO_SWAPS: Final[frozenset[str]] = frozenset()
 _SWAP_SERVICE: Final = frozenset({SERVICE_TOKEN})
 
 
